@@ -1,0 +1,163 @@
+"""VectorCache: the embeddings novelty is measured against. numpy ring buffer, exact scan.
+
+Time is event time supplied by the caller (milliseconds), never the wall clock, so a replay
+at any speed sees the same live entries.
+
+Similarities must be bit-for-bit reproducible whatever the batch shape (a restarted worker
+batches differently from a continuous one, and scores may not change). BLAS sums in an order
+that depends on matrix shapes, so unit vectors are stored as integers on a 2**-20 grid in
+float64: every product and partial sum is then an exact integer (384 * 2**40 < 2**53) and
+the dot product is exact in any order. The grid costs about 1e-6 of cosine accuracy. Expiry is applied as a mask at query time rather
+than by deleting entries: with out-of-order timestamps a later record may legitimately still
+see an entry that an earlier one considered expired, and the mask gives exactly that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float32]
+GridArray = npt.NDArray[np.float64]
+_GRID = float(2**20)
+_GRID_SQUARED = _GRID * _GRID
+
+
+class DimensionError(ValueError):
+    """A vector's length does not match the cache's dimensions."""
+
+
+def _unit_rows(vectors: npt.ArrayLike, dimensions: int) -> FloatArray:
+    array = np.asarray(vectors, dtype=np.float32)
+    if array.ndim == 1:
+        array = array[None, :]
+    if array.ndim != 2 or array.shape[1] != dimensions:
+        raise DimensionError(
+            f"expected vectors of {dimensions} dimensions, got shape {tuple(np.shape(vectors))}"
+        )
+    norms = np.linalg.norm(array, axis=1, keepdims=True)
+    # Zero vectors stay zero (similarity 0 to everything) instead of becoming NaN.
+    return np.divide(array, norms, out=np.zeros_like(array), where=norms > 0)
+
+
+def _on_grid(vectors: npt.ArrayLike, dimensions: int) -> GridArray:
+    """Unit rows as exact integers in float64 (see the module docstring)."""
+    return np.rint(_unit_rows(vectors, dimensions).astype(np.float64) * _GRID)
+
+
+def _similarities(stored: GridArray, queries: GridArray) -> GridArray:
+    return (stored @ queries.T) / _GRID_SQUARED
+
+
+class VectorCache:
+    """Up to ``max_elements`` unit vectors with event times; oldest evicted first over capacity."""
+
+    def __init__(
+        self, max_elements: int = 1000, dimensions: int = 384, ttl_ms: int | None = None
+    ) -> None:
+        if max_elements < 1 or dimensions < 1:
+            raise ValueError("max_elements and dimensions must be positive")
+        if ttl_ms is not None and ttl_ms <= 0:
+            raise ValueError("ttl_ms must be positive or None")
+        self.max_elements = max_elements
+        self.dimensions = dimensions
+        self.ttl_ms = ttl_ms
+        self._vectors = np.zeros((max_elements, dimensions), dtype=np.float64)
+        self._times = np.zeros(max_elements, dtype=np.int64)
+        self._count = 0
+        self._next = 0  # slot the next add writes
+
+    def __len__(self) -> int:
+        """Entries stored, expired or not."""
+        return self._count
+
+    def size(self, now_ms: int | None = None) -> int:
+        """Entries live at ``now_ms`` (all stored entries when there is no TTL or no time)."""
+        return int(self._live_mask(now_ms).sum())
+
+    def clear(self) -> None:
+        self._count = 0
+        self._next = 0
+
+    def add(self, vector: npt.ArrayLike, event_time_ms: int = 0) -> None:
+        self.add_batch(vector, [event_time_ms])
+
+    def add_batch(self, vectors: npt.ArrayLike, event_times_ms: Sequence[int]) -> None:
+        self._add_grid_rows(_on_grid(vectors, self.dimensions), event_times_ms)
+
+    def _add_grid_rows(self, rows: GridArray, event_times_ms: Sequence[int]) -> None:
+        if len(rows) != len(event_times_ms):
+            raise ValueError("one event time per vector is required")
+        for row, when in zip(rows[-self.max_elements :], event_times_ms[-self.max_elements :]):
+            self._vectors[self._next] = row
+            self._times[self._next] = when
+            self._next = (self._next + 1) % self.max_elements
+            self._count = min(self._count + 1, self.max_elements)
+
+    def _ordered(self) -> tuple[GridArray, npt.NDArray[np.int64]]:
+        """Stored entries oldest first (views when the buffer has not wrapped)."""
+        if self._count < self.max_elements:
+            return self._vectors[: self._count], self._times[: self._count]
+        order = np.r_[self._next : self.max_elements, 0 : self._next]
+        return self._vectors[order], self._times[order]
+
+    def _live_mask(self, now_ms: int | None) -> npt.NDArray[np.bool_]:
+        times = self._times[: self._count] if self._count < self.max_elements else self._times
+        if self.ttl_ms is None or now_ms is None:
+            return np.ones(len(times), dtype=bool)
+        return (now_ms - times) <= self.ttl_ms
+
+    def max_cosine_similarity(self, query: npt.ArrayLike, now_ms: int | None = None) -> float | None:
+        """Highest cosine similarity to a live entry, or None when nothing is live."""
+        return self.max_cosine_similarity_batch(query, None if now_ms is None else [now_ms])[0]
+
+    def max_cosine_similarity_batch(
+        self, queries: npt.ArrayLike, now_ms: Sequence[int] | None = None
+    ) -> list[float | None]:
+        """Independent queries against the current entries (nothing is added)."""
+        rows = _on_grid(queries, self.dimensions)
+        if self._count == 0:
+            return [None] * len(rows)
+        stored = self._vectors if self._count == self.max_elements else self._vectors[: self._count]
+        similarities = _similarities(stored, rows)  # [entries, queries], one matrix product
+        results: list[float | None] = []
+        for column in range(len(rows)):
+            mask = self._live_mask(None if now_ms is None else int(now_ms[column]))
+            live = similarities[mask, column]
+            results.append(float(live.max()) if live.size else None)
+        return results
+
+    def query_then_add_batch(
+        self, vectors: npt.ArrayLike, event_times_ms: Sequence[int]
+    ) -> list[float | None]:
+        """For each vector in order: max similarity to what is live, then add it.
+
+        Equal to calling ``max_cosine_similarity`` then ``add`` one vector at a time,
+        including capacity eviction caused by the earlier vectors of the same batch,
+        but with two matrix products instead of a scan per vector.
+        """
+        rows = _on_grid(vectors, self.dimensions)
+        count = len(rows)
+        if count != len(event_times_ms):
+            raise ValueError("one event time per vector is required")
+        times = np.asarray(event_times_ms, dtype=np.int64)
+        stored, stored_times = self._ordered()
+        n = len(stored)
+        position = np.arange(count)
+        # Cache entry k (oldest first) is still held when vector i is queried iff
+        # fewer than capacity entries came after it: k >= n + i - capacity.
+        held = np.arange(n)[:, None] >= (n + position - self.max_elements)[None, :]
+        earlier = position[:, None] < position[None, :]  # batch entry j precedes i
+        earlier &= position[:, None] >= (position - self.max_elements)[None, :]
+        if self.ttl_ms is not None:
+            held &= (times[None, :] - stored_times[:, None]) <= self.ttl_ms
+            earlier &= (times[None, :] - times[:, None]) <= self.ttl_ms
+        candidates = np.full((n + count, count), -np.inf)
+        if n:
+            candidates[:n] = np.where(held, _similarities(stored, rows), -np.inf)
+        candidates[n:] = np.where(earlier, _similarities(rows, rows), -np.inf)
+        best = candidates.max(axis=0) if n + count else np.full(count, -np.inf)
+        self._add_grid_rows(rows, [int(t) for t in times])
+        return [None if np.isneginf(value) else float(value) for value in best]

