@@ -1,3 +1,3 @@
-"""kp-scorer: scores ReasoningTrace documents flowing through Kafka with the KnowledgePulse score."""
+"""kp-scorer: scores ReasoningTrace documents flowing through Kafka (KnowledgePulse score)."""
 
 __version__ = "0.1.0"

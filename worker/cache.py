@@ -7,9 +7,11 @@ Similarities must be bit-for-bit reproducible whatever the batch shape (a restar
 batches differently from a continuous one, and scores may not change). BLAS sums in an order
 that depends on matrix shapes, so unit vectors are stored as integers on a 2**-20 grid in
 float64: every product and partial sum is then an exact integer (384 * 2**40 < 2**53) and
-the dot product is exact in any order. The grid costs about 1e-6 of cosine accuracy. Expiry is applied as a mask at query time rather
-than by deleting entries: with out-of-order timestamps a later record may legitimately still
-see an entry that an earlier one considered expired, and the mask gives exactly that.
+the dot product is exact in any order. The grid costs about 1e-6 of cosine accuracy.
+
+Expiry is applied as a mask at query time rather than by deleting entries: with
+out-of-order timestamps a later record may legitimately still see an entry that an
+earlier one considered expired, and the mask gives exactly that.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float32]
 GridArray = npt.NDArray[np.float64]
+# Event time of a slot that holds a place in eviction order but is never live (TTL set).
+NEVER_LIVE_MS = -(2**62)
 _GRID = float(2**20)
 _GRID_SQUARED = _GRID * _GRID
 
@@ -90,7 +94,9 @@ class VectorCache:
     def _add_grid_rows(self, rows: GridArray, event_times_ms: Sequence[int]) -> None:
         if len(rows) != len(event_times_ms):
             raise ValueError("one event time per vector is required")
-        for row, when in zip(rows[-self.max_elements :], event_times_ms[-self.max_elements :]):
+        for row, when in zip(
+            rows[-self.max_elements :], event_times_ms[-self.max_elements :], strict=True
+        ):
             self._vectors[self._next] = row
             self._times[self._next] = when
             self._next = (self._next + 1) % self.max_elements
@@ -109,7 +115,9 @@ class VectorCache:
             return np.ones(len(times), dtype=bool)
         return (now_ms - times) <= self.ttl_ms
 
-    def max_cosine_similarity(self, query: npt.ArrayLike, now_ms: int | None = None) -> float | None:
+    def max_cosine_similarity(
+        self, query: npt.ArrayLike, now_ms: int | None = None
+    ) -> float | None:
         """Highest cosine similarity to a live entry, or None when nothing is live."""
         return self.max_cosine_similarity_batch(query, None if now_ms is None else [now_ms])[0]
 

@@ -52,7 +52,9 @@ def cmd_score(args: argparse.Namespace) -> int:
         err_console.print(f"[red]kp-scorer: {exc}[/red]")
         return 2
     if scorer.embedder is None and not args.no_embedder:
-        err_console.print(f"[yellow]embedder unavailable ({scorer.embedder_reason}); novelty 0.5[/]")
+        err_console.print(
+            f"[yellow]embedder unavailable ({scorer.embedder_reason}); novelty 0.5[/]"
+        )
 
     if args.file == "-":
         stream, total, name = sys.stdin.buffer, None, "stdin"
@@ -88,7 +90,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     scores = summary.scores
     mean = sum(scores) / len(scores) if scores else float("nan")
     counts = ", ".join(f"{k}={v}" for k, v in summary.counts.items())
-    err_console.print(f"scored {sum(summary.counts.values())} lines: {counts}; mean score {mean:.4f}")
+    err_console.print(
+        f"scored {sum(summary.counts.values())} lines: {counts}; mean score {mean:.4f}"
+    )
     return 0
 
 

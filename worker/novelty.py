@@ -41,7 +41,9 @@ class PartitionCaches:
     def get(self, partition: TopicPartition) -> VectorCache:
         cache = self._caches.get(partition)
         if cache is None:
-            cache = self._caches[partition] = VectorCache(self.capacity, self.dimensions, self.ttl_ms)
+            cache = self._caches[partition] = VectorCache(
+                self.capacity, self.dimensions, self.ttl_ms
+            )
         return cache
 
     def drop(self, partition: TopicPartition) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 
 from worker import __version__
+from worker.cache import NEVER_LIVE_MS
 from worker.novelty import Embedder, PartitionCaches
 from worker.scoring import Novelty, ProfileSet, ScoreBreakdown, load_profiles, score_trace
 from worker.settings import Settings
@@ -173,13 +174,13 @@ class Scorer:
                     embeddings[rows],
                     [records[valid[row]].timestamp_ms for row in rows],
                 )
-                novelty.update((valid[row], value) for row, value in zip(rows, values))
+                novelty.update((valid[row], value) for row, value in zip(rows, values, strict=True))
         stages.novelty = _clock() - started
 
         started = _clock()
         routed = [
             self._route(record, item, novelty.get(i))
-            for i, (record, item) in enumerate(zip(records, decoded))
+            for i, (record, item) in enumerate(zip(records, decoded, strict=True))
         ]
         stages.score = _clock() - started
         return BatchResult(routed=routed, stages=stages, embedded=len(valid))
@@ -261,23 +262,39 @@ class Scorer:
             error=error,
         )
 
-    def warm_partition(self, records: Sequence[SourceRecord]) -> int:
-        """Rebuild caches from already-scored records: embed the valid ones, publish nothing.
+    def valid_traces(self, records: Sequence[SourceRecord]) -> list[tuple[SourceRecord, Trace]]:
+        """The records that were scored (not dead-lettered), with their traces."""
+        return [(r, t) for r in records if isinstance(t := self.decode(r), Trace)]
 
-        Invalid records are skipped exactly as they were dead-lettered live. Returns the
-        number of records embedded.
+    def warm_partition(
+        self,
+        partition: tuple[str, int],
+        traces: Sequence[tuple[SourceRecord, Trace]],
+        expire_before_ms: int | None = None,
+    ) -> int:
+        """Rebuild a cache from already-scored traces, oldest first; publishes nothing.
+
+        Traces older than ``expire_before_ms`` cannot be live for what comes next: they keep
+        their slot (so eviction order matches the live run) without being embedded.
+        Returns the number embedded.
         """
-        pairs = [(r, t) for r in records if isinstance(t := self.decode(r), Trace)]
-        if not pairs or self.embedder is None:
+        if self.embedder is None or not traces:
             return 0
-        embeddings = self.embed([trace.embedding_text() for _, trace in pairs])
-        assert embeddings is not None
-        by_partition: dict[tuple[str, int], list[int]] = defaultdict(list)
-        for row, (record, _) in enumerate(pairs):
-            by_partition[record.topic_partition].append(row)
-        for partition, rows in by_partition.items():
-            self.caches.warm(partition, embeddings[rows], [pairs[r][0].timestamp_ms for r in rows])
-        return len(pairs)
+        live = [
+            i
+            for i, (record, _) in enumerate(traces)
+            if expire_before_ms is None or record.timestamp_ms >= expire_before_ms
+        ]
+        vectors = np.zeros((len(traces), self.caches.dimensions), dtype=np.float32)
+        times = [NEVER_LIVE_MS] * len(traces)
+        if live:
+            embedded = self.embed([traces[i][1].embedding_text() for i in live])
+            assert embedded is not None
+            vectors[live] = embedded
+            for i in live:
+                times[i] = traces[i][0].timestamp_ms
+        self.caches.warm(partition, vectors, times)
+        return len(live)
 
 
 def source_json(record: SourceRecord) -> dict[str, Any]:
@@ -297,7 +314,9 @@ def build_scorer(settings: Settings, *, use_embedder: bool = True) -> Scorer:
         from worker.embedder import load_embedder
 
         embedder, reason = load_embedder(settings)
-    ttl_ms = None if settings.cache_ttl_seconds is None else round(settings.cache_ttl_seconds * 1000)
+    ttl_ms = (
+        None if settings.cache_ttl_seconds is None else round(settings.cache_ttl_seconds * 1000)
+    )
     return Scorer(
         profiles=load_profiles(settings.profiles_file),
         thresholds=Thresholds(settings.accept_threshold, settings.domain_thresholds),

@@ -70,7 +70,9 @@ class Profile:
             if not isinstance(weight, int | float) or isinstance(weight, bool):
                 raise ProfileError(f"profile {self.name!r}: {weight_name} must be a number")
             if not 0.0 <= weight <= 1.0:
-                raise ProfileError(f"profile {self.name!r}: {weight_name}={weight} is not in [0, 1]")
+                raise ProfileError(
+                    f"profile {self.name!r}: {weight_name}={weight} is not in [0, 1]"
+                )
         total = math.fsum(weights.values())
         if abs(total - 1.0) > WEIGHT_SUM_TOLERANCE:
             raise ProfileError(f"profile {self.name!r}: weights sum to {total!r}, not 1.0")

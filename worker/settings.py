@@ -117,7 +117,12 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        topics = [self.input_topic, self.accepted_topic, self.rejected_topic, self.dead_letter_topic]
+        topics = [
+            self.input_topic,
+            self.accepted_topic,
+            self.rejected_topic,
+            self.dead_letter_topic,
+        ]
         if len(set(topics)) != len(topics):
             raise ValueError(f"input and output topics must all differ, got {topics}")
         if self.security_protocol.startswith("SASL") and not (
@@ -127,7 +132,9 @@ class Settings(BaseSettings):
                 "SASL security needs KP_SASL_MECHANISM, KP_SASL_USERNAME and KP_SASL_PASSWORD"
             )
         if self.heartbeat_interval_seconds >= self.session_timeout_seconds:
-            raise ValueError("KP_HEARTBEAT_INTERVAL_SECONDS must be below KP_SESSION_TIMEOUT_SECONDS")
+            raise ValueError(
+                "KP_HEARTBEAT_INTERVAL_SECONDS must be below KP_SESSION_TIMEOUT_SECONDS"
+            )
         return self
 
     @cached_property

@@ -24,7 +24,7 @@ _SNIPPET_CHARS = 60
 
 
 class TraceError(Exception):
-    """Input that cannot be scored. ``kind`` is stable (metrics, headers); ``reason`` is for people."""
+    """Input that cannot be scored: ``kind`` is stable (metrics, headers), ``reason`` for people."""
 
     kind: ClassVar[str] = "invalid"
 
@@ -102,7 +102,7 @@ class Trace:
         return float(self.document["outcome"]["confidence"])
 
     def embedding_text(self) -> str:
-        """Objective, a space, then every step's content joined by spaces (as the reference does)."""
+        """Objective, a space, then each step's content joined by spaces, as the reference does."""
         contents = " ".join(step.get("content", "") for step in self.steps)
         return f"{self.document['task']['objective']} {contents}"
 

@@ -1,0 +1,212 @@
+"""The Faust app: the input topic, one scoring agent, assignment hooks. A thin shell.
+
+Offsets are acknowledged to Faust only after the broker acknowledged every output of the
+batch (``noack_take`` + explicit ``ack``), so a crash or SIGTERM mid-batch commits nothing
+that was not published. ``faust -A worker.app worker`` and ``kp-scorer worker`` both run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import faust
+from aiokafka.errors import KafkaError
+from faust.types import TP
+
+from worker import metrics
+from worker.kafka import PartitionLogReader, Publisher, ensure_topics, output_topic
+from worker.pipeline import Decision, SourceRecord, build_scorer
+from worker.settings import Settings, load_settings
+from worker.stream import StreamScorer
+
+log = logging.getLogger(__name__)
+
+STARTUP_BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
+
+
+def _credentials(settings: Settings) -> Any:
+    from worker.kafka import client_config
+
+    if settings.security_protocol == "PLAINTEXT":
+        return None
+    config = client_config(settings)
+    if settings.security_protocol.startswith("SASL"):
+        return faust.SASLCredentials(
+            username=config["sasl_plain_username"],
+            password=config["sasl_plain_password"],
+            ssl_context=config.get("ssl_context"),
+            mechanism=config["sasl_mechanism"],
+        )
+    return faust.SSLCredentials(config["ssl_context"])
+
+
+def _logging_config(level: str) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "worker.logs.JsonFormatter"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json"}},
+        "root": {"handlers": ["stderr"], "level": level},
+    }
+
+
+class ScorerApp(faust.App):
+    """faust.App that prepares topics and owns the scorer's Kafka clients."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.scorer_settings = settings
+        super().__init__(
+            settings.group_id,
+            broker=[f"kafka://{s.strip()}" for s in settings.kafka_bootstrap_servers.split(",")],
+            broker_credentials=_credentials(settings),
+            key_serializer="raw",
+            value_serializer="raw",
+            broker_session_timeout=settings.session_timeout_seconds,
+            broker_heartbeat_interval=settings.heartbeat_interval_seconds,
+            broker_commit_interval=settings.commit_interval_seconds,
+            broker_max_poll_records=max(500, settings.batch_max_records * 4),
+            consumer_auto_offset_reset="earliest",
+            consumer_max_fetch_size=max(1_048_576, settings.max_message_bytes * 2),
+            producer_acks=-1,
+            processing_guarantee="at_least_once",
+            stream_wait_empty=False,
+            topic_disable_leader=True,
+            topic_allow_declare=False,
+            web_enabled=False,
+            store="memory://",
+            logging_config=_logging_config(settings.log_level),
+        )
+        self.stream_scorer: StreamScorer | None = None
+        self._publisher: Publisher | None = None
+        self._reader: PartitionLogReader | None = None
+
+    async def on_first_start(self) -> None:
+        await super().on_first_start()
+        settings = self.scorer_settings
+        await _wait_for_kafka(settings)
+        scorer = await asyncio.to_thread(build_scorer, settings)
+        metrics.set_embedder_status(scorer.model_id, scorer.embedder_reason)
+        if scorer.embedder is None:
+            log.warning(
+                "embedder unavailable; novelty is 0.5", extra={"reason": scorer.embedder_reason}
+            )
+        self._publisher = Publisher(settings)
+        self._reader = PartitionLogReader(settings, group_id=settings.group_id)
+        await self._publisher.start()
+        await self._reader.start()
+        self.stream_scorer = StreamScorer(
+            scorer, self._reader, self._publisher, settings.latency_budget_seconds
+        )
+        metrics.serve(settings.metrics_port)
+        log.info(
+            "scorer ready",
+            extra={
+                "input_topic": settings.input_topic,
+                "group_id": settings.group_id,
+                "model": scorer.model_id,
+                "metrics_port": settings.metrics_port,
+            },
+        )
+
+    async def on_shutdown(self) -> None:
+        await super().on_shutdown()
+        for client in (self._reader, self._publisher):
+            if client is not None:
+                await client.stop()
+
+
+async def _wait_for_kafka(settings: Settings) -> None:
+    """Create topics, retrying with backoff (and one clear log line per try) until reachable."""
+    outputs = [output_topic(settings, d) for d in Decision]
+    attempt = 0
+    while True:
+        try:
+            await ensure_topics(settings, outputs)
+            return
+        except (KafkaError, OSError) as exc:
+            delay = STARTUP_BACKOFF_SECONDS[min(attempt, len(STARTUP_BACKOFF_SECONDS) - 1)]
+            log.error(
+                "Kafka unreachable; retrying",
+                extra={
+                    "bootstrap_servers": settings.kafka_bootstrap_servers,
+                    "error": f"{type(exc).__name__}: {exc}"[:300],
+                    "retry_in_s": delay,
+                    "attempt": attempt + 1,
+                },
+            )
+            attempt += 1
+            await asyncio.sleep(delay)
+
+
+def _source_record(message: Any) -> SourceRecord:
+    headers = message.headers or ()
+    if isinstance(headers, dict):
+        headers = headers.items()
+    return SourceRecord(
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        timestamp_ms=round(message.timestamp * 1000) if message.timestamp else 0,
+        key=message.key,
+        value=message.value,
+        headers=tuple((str(k), bytes(v or b"")) for k, v in headers),
+    )
+
+
+def create_app(settings: Settings | None = None) -> ScorerApp:
+    settings = settings or load_settings()
+    app = ScorerApp(settings)
+    input_topic = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
+    owned: set[tuple[str, int]] = set()
+
+    @app.agent(input_topic, name="score", concurrency=1)
+    async def score(stream: faust.StreamT) -> None:
+        async for events in stream.noack_take(
+            settings.batch_max_records, within=settings.batch_within_seconds
+        ):
+            assert app.stream_scorer is not None
+            now = time.monotonic()
+            messages = [event.message for event in events]
+            await app.stream_scorer.process(
+                [_source_record(m) for m in messages], [m.time_in or now for m in messages]
+            )
+            for event in events:
+                await stream.ack(event)
+            _record_lag(app, messages)
+
+    async def on_assigned(sender: Any, assigned: set[TP], **_: Any) -> None:
+        # A partition kept across a rebalance keeps its cache: if another worker scored some
+        # of its records meanwhile, they show up as a gap and are scored again from the log.
+        now_owned = {(tp.topic, tp.partition) for tp in assigned}
+        lost = owned - now_owned
+        if app.stream_scorer is not None:
+            app.stream_scorer.forget(sorted(lost))
+        owned.clear()
+        owned.update(now_owned)
+        log.info("partitions assigned", extra={"partitions": sorted(now_owned)})
+
+    app.on_partitions_assigned.connect(on_assigned)
+    return app
+
+
+def _record_lag(app: ScorerApp, messages: list[Any]) -> None:
+    last: dict[TP, int] = {}
+    for message in messages:
+        last[message.tp] = max(last.get(message.tp, -1), message.offset)
+    for tp, offset in last.items():
+        highwater = app.consumer.highwater(tp)
+        if highwater is not None:
+            metrics.consumer_lag_records.labels(tp.topic, str(tp.partition)).set(
+                max(0, highwater - offset - 1)
+            )
+
+
+def __getattr__(name: str) -> Any:
+    """``faust -A worker.app`` finds ``app``: built from the environment on first access."""
+    if name == "app":
+        globals()["app"] = created = create_app()
+        return created
+    raise AttributeError(name)

@@ -1,0 +1,88 @@
+"""Every Prometheus metric of the worker, defined once, in base units.
+
+Latency buckets are dense around the 100 ms budget with a boundary exactly at 0.1 s, so
+"within budget" is an exact bucket ratio. Domain labels are bounded by ``Scorer.domain_label``
+(configured profiles plus ``other``); partition labels by the topic's partition count.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+SCORE_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+REBUILD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+STAGES = ("decode", "embed", "novelty", "score", "publish")
+
+trace_latency = Histogram(
+    "kp_trace_latency_seconds",
+    "Per trace: from receipt by the worker to the broker's publish acknowledgement",
+    buckets=LATENCY_BUCKETS,
+)
+stage_latency = Histogram(
+    "kp_stage_latency_seconds",
+    "Per trace: time spent in each stage of its batch",
+    ["stage"],
+    buckets=LATENCY_BUCKETS,
+)
+budget_breaches = Counter(
+    "kp_budget_breaches_total", "Traces whose latency exceeded the per-trace budget"
+)
+records = Counter(
+    "kp_records_total", "Input records by routing decision and domain", ["decision", "domain"]
+)
+dead_letters = Counter("kp_dead_letters_total", "Dead-lettered records by error kind", ["kind"])
+scores = Histogram(
+    "kp_score", "Final quality score of scored traces", ["domain"], buckets=SCORE_BUCKETS
+)
+dimensions = Histogram(
+    "kp_score_dimension",
+    "Value of each score dimension of scored traces",
+    ["dimension"],
+    buckets=SCORE_BUCKETS,
+)
+novelty_sources = Counter(
+    "kp_novelty_source_total", "Scored traces by where their novelty came from", ["source"]
+)
+batch_size = Histogram("kp_batch_size", "Records per processed batch", buckets=BATCH_BUCKETS)
+cache_entries = Gauge(
+    "kp_cache_entries", "Vectors held in a partition's novelty cache", ["topic", "partition"]
+)
+embedder_up = Gauge("kp_embedder_up", "1 when the embedding model is loaded, 0 when novelty is 0.5")
+embedder_info = Info("kp_embedder", "Embedding model in use, or why there is none")
+consumer_lag_records = Gauge(
+    "kp_consumer_lag_records",
+    "Records behind the partition's high watermark",
+    ["topic", "partition"],
+)
+consumer_lag_seconds = Gauge(
+    "kp_consumer_lag_seconds",
+    "Now minus the timestamp of the partition's last processed record",
+    ["topic", "partition"],
+)
+in_flight = Gauge("kp_records_in_flight", "Records received and not yet acknowledged downstream")
+cache_rebuild_seconds = Histogram(
+    "kp_cache_rebuild_seconds",
+    "Time to rebuild a partition's novelty cache from its log on assignment",
+    buckets=REBUILD_BUCKETS,
+)
+cache_rebuild_records = Counter(
+    "kp_cache_rebuild_records_total", "Records re-embedded to rebuild novelty caches"
+)
+gap_records = Counter(
+    "kp_gap_records_total",
+    "Records the consumer skipped that the worker read back from the log and scored",
+)
+publish_retries = Counter("kp_publish_retries_total", "Batches whose publish had to be retried")
+
+
+def serve(port: int) -> None:
+    """Serve /metrics over HTTP in a background thread (port 0 = disabled)."""
+    if port:
+        start_http_server(port)
+
+
+def set_embedder_status(model_id: str | None, reason: str | None) -> None:
+    embedder_up.set(1 if model_id else 0)
+    embedder_info.info({"model": model_id or "", "reason": reason or ""})
