@@ -1,0 +1,105 @@
+"""Read a worker's three output topics back and index every output by its source record."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+
+@dataclass(frozen=True)
+class Output:
+    decision: str  # accepted | rejected | dead_letter
+    source_partition: int
+    source_offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+
+    @property
+    def document(self) -> dict[str, Any]:
+        assert self.value is not None
+        return orjson.loads(self.value)  # type: ignore[no-any-return]
+
+    @property
+    def score(self) -> float | None:
+        return None if self.decision == "dead_letter" else self.document["score"]["score"]
+
+
+def _output(decision: str, message: Any) -> Output:
+    headers = {k: bytes(v) for k, v in (message.headers or ())}
+    if decision == "dead_letter":
+        partition = int(headers["kp-source-partition"])
+        offset = int(headers["kp-source-offset"])
+    else:
+        source = orjson.loads(message.value)["source"]
+        partition, offset = source["partition"], source["offset"]
+    return Output(decision, partition, offset, message.key, message.value, headers)
+
+
+async def collect_outputs_async(
+    bootstrap: str,
+    topics: dict[str, str],
+    expected: set[tuple[int, int]],
+    timeout: float = 60.0,
+    settle: float = 1.0,
+) -> list[Output]:
+    """All outputs (duplicates included) until every expected (partition, offset) is seen.
+
+    ``topics`` maps output topic -> decision. Reads ``settle`` seconds more after that, so
+    unexpected extra outputs are caught too.
+    """
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while True:  # the worker creates its output topics at start-up
+            await consumer._client.force_metadata_update()
+            if all(consumer.partitions_for_topic(topic) for topic in topics):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"output topics {sorted(topics)} were never created")
+            await asyncio.sleep(0.2)
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in topics
+            for p in sorted(consumer.partitions_for_topic(topic) or ())
+        ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        outputs: list[Output] = []
+        settled_at: float | None = None
+        while time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=300)
+            for tp, messages in batches.items():
+                outputs.extend(_output(topics[tp.topic], m) for m in messages)
+            seen = {(o.source_partition, o.source_offset) for o in outputs}
+            if expected <= seen:
+                settled_at = settled_at or time.monotonic()
+                if time.monotonic() - settled_at >= settle:
+                    return outputs
+        missing = sorted(expected - {(o.source_partition, o.source_offset) for o in outputs})
+        raise TimeoutError(f"{len(missing)} input records have no output, e.g. {missing[:10]}")
+    finally:
+        await consumer.stop()
+
+
+def collect_outputs(
+    bootstrap: str,
+    topics: dict[str, str],
+    expected: set[tuple[int, int]],
+    timeout: float = 60.0,
+    settle: float = 1.0,
+) -> list[Output]:
+    return asyncio.run(collect_outputs_async(bootstrap, topics, expected, timeout, settle))
+
+
+def first_by_source(outputs: list[Output]) -> dict[tuple[int, int], Output]:
+    first: dict[tuple[int, int], Output] = {}
+    for output in outputs:
+        first.setdefault((output.source_partition, output.source_offset), output)
+    return first
