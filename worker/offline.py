@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 import orjson
@@ -19,6 +19,7 @@ import orjson
 from worker.pipeline import Decision, RoutedRecord, Scorer, SourceRecord
 
 CHUNK_LINES = 32
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass
@@ -43,9 +44,15 @@ def _lookup(document: Any, dotted: str) -> Any:
 def _event_time_ms(document: Any) -> int:
     created = _lookup(document, "metadata.created_at")
     try:
-        return int(datetime.fromisoformat(created).timestamp() * 1000)
+        moment = datetime.fromisoformat(created)
     except (TypeError, ValueError):
         return 0
+    if moment.tzinfo is None:
+        # A time without an offset is UTC, not this machine's zone: scores may not depend on
+        # where the file is scored.
+        moment = moment.replace(tzinfo=UTC)
+    # Integer arithmetic: float seconds * 1000 truncates about 1 % of times 1 ms short.
+    return (moment - _EPOCH) // timedelta(milliseconds=1)
 
 
 class LineRecords:
@@ -63,7 +70,10 @@ class LineRecords:
             document = None
         partition = 0
         if self.partition_by is not None:
-            key = orjson.dumps(_lookup(document, self.partition_by)).decode()
+            try:
+                key = orjson.dumps(_lookup(document, self.partition_by)).decode()
+            except orjson.JSONEncodeError:  # nested too deep to write back: one shared group
+                key = "<unserialisable>"
             partition = self._partitions.setdefault(key, len(self._partitions))
         return SourceRecord(
             topic=self.source_name,

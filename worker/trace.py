@@ -20,6 +20,7 @@ from jsonschema.exceptions import ValidationError, best_match
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 TRACE_SCHEMA_PATH = SCHEMA_DIR / "reasoning-trace.schema.json"
 DEFAULT_MAX_BYTES = 1_048_576
+MAX_DEPTH = 128  # nesting levels of arrays/objects, the document itself being level 1
 _SNIPPET_CHARS = 60
 
 
@@ -178,6 +179,23 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
+def _nested_deeper_than(document: Any, raw: bytes, limit: int) -> bool:
+    """Whether arrays/objects nest more than ``limit`` levels (cheap unless the input could)."""
+    if not isinstance(document, dict | list) or raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    level: list[Any] = [document]
+    for _ in range(limit):
+        level = [
+            child
+            for container in level
+            for child in (container.values() if isinstance(container, dict) else container)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
+
+
 def decode_json(raw: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
     """Strict JSON: UTF-8 without BOM, no NaN/Infinity, no duplicate keys, size-limited."""
     if raw is None or len(raw) == 0:
@@ -191,6 +209,10 @@ def decode_json(raw: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
         if "UTF-8" in message or "surrogate" in message:
             raise EncodingError(f"not valid UTF-8 JSON text: {message}") from None
         raise InvalidJsonError(f"not valid JSON: {message}") from None
+    if _nested_deeper_than(document, raw, MAX_DEPTH):
+        # orjson reads 1024 levels but writes only 254, so a deeper trace could be parsed and
+        # then not published; the scored output also wraps the trace in one more object.
+        raise InvalidJsonError(f"not valid JSON: nested deeper than {MAX_DEPTH} levels")
     if isinstance(document, dict) and b'"' in raw:
         # orjson keeps the last of duplicate keys silently; a second strict pass catches them.
         try:

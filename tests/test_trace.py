@@ -1,0 +1,534 @@
+"""Bytes -> validated trace, or an error whose kind is stable and whose reason names the field."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+from traces import (
+    CONTEXT_DEV,
+    CONTEXT_ORG,
+    DELETE,
+    code_review_example,
+    finance_example,
+    make_trace,
+    step,
+    steps_of,
+    trace_bytes,
+)
+
+from worker.trace import (
+    DEFAULT_MAX_BYTES,
+    ERROR_KINDS,
+    MAX_DEPTH,
+    DuplicateKeyError,
+    EmptyMessageError,
+    EncodingError,
+    InvalidJsonError,
+    NotAnObjectError,
+    SchemaViolationError,
+    TooLargeError,
+    Trace,
+    TraceError,
+    decode_json,
+    parse_trace,
+    validate_trace,
+)
+
+Mutation = Callable[[dict[str, Any]], object]
+
+
+def base_document() -> dict[str, Any]:
+    """Five steps (one with a tool) so that deep paths such as steps[3] exist."""
+    return make_trace(
+        steps=steps_of(
+            "thought", "tool_call", "observation", "thought", "observation", tools={1: "search"}
+        )
+    )
+
+
+def mutated(mutation: Mutation) -> bytes:
+    document = base_document()
+    mutation(document)
+    return orjson.dumps(document)
+
+
+def setter(*path: Any) -> Callable[[Any], Mutation]:
+    """``setter("metadata", "success")(value)`` sets document["metadata"]["success"] = value."""
+
+    def with_value(value: Any) -> Mutation:
+        def apply(document: dict[str, Any]) -> None:
+            target: Any = document
+            for part in path[:-1]:
+                target = target[part]
+            target[path[-1]] = value
+
+        return apply
+
+    return with_value
+
+
+def deleter(*path: Any) -> Mutation:
+    def apply(document: dict[str, Any]) -> None:
+        target: Any = document
+        for part in path[:-1]:
+            target = target[part]
+        del target[path[-1]]
+
+    return apply
+
+
+SCHEMA_CASES: list[tuple[str, Mutation, str]] = [
+    (
+        "step type not in enum",
+        setter("steps", 3, "type")("plan"),
+        "steps[3].type: 'plan' is not one of thought, tool_call, observation, error_recovery",
+    ),
+    ("missing @context", deleter("@context"), "(root): missing required field '@context'"),
+    (
+        "unknown @context",
+        setter("@context")("https://example.org"),
+        "@context: 'https://example.org' is not one of "
+        "https://openknowledgepulse.org/schema/v1, https://knowledgepulse.dev/schema/v1",
+    ),
+    ("wrong @type", setter("@type")("Trace"), "@type: expected 'ReasoningTrace', got 'Trace'"),
+    ("id without prefix", setter("id")("trace:1"), "id: 'trace:1' does not match ^kp:trace:.+"),
+    ("id prefix only", setter("id")("kp:trace:"), "id: 'kp:trace:' does not match ^kp:trace:.+"),
+    ("id not a string", setter("id")(42), "id: expected string, got int 42"),
+    ("missing metadata", deleter("metadata"), "(root): missing required field 'metadata'"),
+    ("metadata null", setter("metadata")(None), "metadata: expected object, got NoneType None"),
+    (
+        "created_at not a date",
+        setter("metadata", "created_at")("yesterday"),
+        "metadata.created_at: 'yesterday' is not a valid date-time",
+    ),
+    (
+        "created_at date only",
+        setter("metadata", "created_at")("2024-01-01"),
+        "metadata.created_at: '2024-01-01' is not a valid date-time",
+    ),
+    (
+        "created_at missing",
+        deleter("metadata", "created_at"),
+        "metadata: missing required field 'created_at'",
+    ),
+    (
+        "empty task_domain",
+        setter("metadata", "task_domain")(""),
+        "metadata.task_domain: must not be empty",
+    ),
+    (
+        "success not bool",
+        setter("metadata", "success")("yes"),
+        "metadata.success: expected boolean, got str 'yes'",
+    ),
+    (
+        "quality_score above 1",
+        setter("metadata", "quality_score")(1.5),
+        "metadata.quality_score: 1.5 must be at most 1",
+    ),
+    (
+        "quality_score below 0",
+        setter("metadata", "quality_score")(-0.1),
+        "metadata.quality_score: -0.1 must be at least 0",
+    ),
+    (
+        "quality_score bool",
+        setter("metadata", "quality_score")(True),
+        "metadata.quality_score: expected number, got bool True",
+    ),
+    (
+        "visibility not in enum",
+        setter("metadata", "visibility")("public"),
+        "metadata.visibility: 'public' is not one of private, org, network",
+    ),
+    (
+        "privacy_level not in enum",
+        setter("metadata", "privacy_level")("none"),
+        "metadata.privacy_level: 'none' is not one of aggregated, federated, private",
+    ),
+    (
+        "agent_id not a string",
+        setter("metadata", "agent_id")(5),
+        "metadata.agent_id: expected string, got int 5",
+    ),
+    ("empty objective", setter("task", "objective")(""), "task.objective: must not be empty"),
+    ("missing objective", deleter("task", "objective"), "task: missing required field 'objective'"),
+    (
+        "input_schema not an object",
+        setter("task", "input_schema")("x"),
+        "task.input_schema: expected object, got str 'x'",
+    ),
+    ("no steps", setter("steps")([]), "steps: needs at least 1 item(s)"),
+    ("steps an object", setter("steps")({}), "steps: expected array, got dict {}"),
+    ("step not an object", setter("steps", 4)("x"), "steps[4]: expected object, got str 'x'"),
+    (
+        "negative step_id",
+        setter("steps", 0, "step_id")(-1),
+        "steps[0].step_id: -1 must be at least 0",
+    ),
+    (
+        "fractional step_id",
+        setter("steps", 1, "step_id")(1.5),
+        "steps[1].step_id: expected integer, got float 1.5",
+    ),
+    ("step without type", deleter("steps", 0, "type"), "steps[0]: missing required field 'type'"),
+    (
+        "tool without name",
+        setter("steps", 2, "tool")({}),
+        "steps[2].tool: missing required field 'name'",
+    ),
+    (
+        "empty tool name",
+        setter("steps", 1, "tool", "name")(""),
+        "steps[1].tool.name: must not be empty",
+    ),
+    (
+        "mcp_server not a string",
+        setter("steps", 1, "tool", "mcp_server")(1),
+        "steps[1].tool.mcp_server: expected string, got int 1",
+    ),
+    (
+        "input not an object",
+        setter("steps", 1, "input")([1]),
+        "steps[1].input: expected object, got list [1]",
+    ),
+    (
+        "negative latency",
+        setter("steps", 0, "latency_ms")(-5),
+        "steps[0].latency_ms: -5 must be at least 0",
+    ),
+    (
+        "content not a string",
+        setter("steps", 0, "content")(7),
+        "steps[0].content: expected string, got int 7",
+    ),
+    (
+        "output_summary not a string",
+        setter("steps", 2, "output_summary")(["x"]),
+        "steps[2].output_summary: expected string, got list ['x']",
+    ),
+    (
+        "confidence above 1",
+        setter("outcome", "confidence")(1.01),
+        "outcome.confidence: 1.01 must be at most 1",
+    ),
+    (
+        "confidence a string",
+        setter("outcome", "confidence")("high"),
+        "outcome.confidence: expected number, got str 'high'",
+    ),
+    (
+        "missing result_summary",
+        deleter("outcome", "result_summary"),
+        "outcome: missing required field 'result_summary'",
+    ),
+    ("missing outcome", deleter("outcome"), "(root): missing required field 'outcome'"),
+]
+
+
+def test_enough_distinct_schema_cases() -> None:
+    assert len(SCHEMA_CASES) >= 20
+    assert len({reason for _, _, reason in SCHEMA_CASES}) == len(SCHEMA_CASES)
+
+
+@pytest.mark.parametrize(
+    ("mutation", "reason"),
+    [pytest.param(m, r, id=name) for name, m, r in SCHEMA_CASES],
+)
+def test_schema_violation_names_the_path(mutation: Mutation, reason: str) -> None:
+    with pytest.raises(SchemaViolationError) as excinfo:
+        parse_trace(mutated(mutation))
+    assert excinfo.value.kind == "schema"
+    assert excinfo.value.reason == reason
+    assert str(excinfo.value) == reason
+
+
+def test_several_missing_fields_are_all_named() -> None:
+    def drop_two(document: dict[str, Any]) -> None:
+        del document["id"]
+        del document["task"]
+
+    with pytest.raises(SchemaViolationError) as excinfo:
+        parse_trace(mutated(drop_two))
+    assert excinfo.value.reason == "(root): missing required field 'id', 'task'"
+
+
+def test_schema_error_on_an_already_decoded_document() -> None:
+    document = base_document()
+    document["steps"][3]["type"] = "plan"
+    with pytest.raises(SchemaViolationError, match=r"^steps\[3\]\.type: 'plan'"):
+        validate_trace(document)
+
+
+# --- accepted input -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("context", [CONTEXT_ORG, CONTEXT_DEV])
+def test_both_contexts_are_accepted(context: str) -> None:
+    trace = parse_trace(trace_bytes(context=context))
+    assert trace.document["@context"] == context
+
+
+def test_seed_examples_are_valid() -> None:
+    assert parse_trace(orjson.dumps(code_review_example())).domain == "code-review"
+    assert parse_trace(orjson.dumps(finance_example())).domain == "finance"
+
+
+def test_unknown_fields_are_tolerated_and_passed_through() -> None:
+    document = make_trace(
+        x_vendor={"nested": [1, 2, {"deep": None}]},
+        source_skill={"anything": True},
+        knowledge_graph_delta=[1, "two"],
+        metadata={"agent_id": "agent-7", "framework": "lg", "validated_by": ["a", 1], "tz": "UTC"},
+        task={"objective": "Do it", "input_schema": {"type": "object"}, "extra": 1},
+        steps=[
+            step(0, "tool_call", "c", tool="grep", weird=[1], output_summary="ok", latency_ms=0),
+        ],
+        outcome={"result_summary": "fine", "confidence": 1, "notes": "kept"},
+    )
+    document["steps"][0]["tool"]["mcp_server"] = "fs"
+    document["steps"][0]["tool"]["version"] = 3
+    trace = parse_trace(orjson.dumps(document))
+    assert trace.document == document
+    assert trace.document["x_vendor"] == {"nested": [1, 2, {"deep": None}]}
+    assert trace.steps[0]["weird"] == [1]
+    assert trace.document["metadata"]["tz"] == "UTC"
+
+
+@pytest.mark.parametrize(
+    "created_at",
+    [
+        "2025-01-15T12:00:00Z",
+        "2025-01-15T12:00:00+02:00",
+        "2025-01-15T12:00:00.123456+00:00",
+        "2025-01-15T12:00:00",
+        "2025-01-15 12:00:00",
+    ],
+)
+def test_iso_timestamps_are_accepted(created_at: str) -> None:
+    parse_trace(trace_bytes(metadata={"created_at": created_at}))
+
+
+def test_integral_float_step_id_is_an_integer() -> None:
+    parse_trace(trace_bytes(steps=[{"step_id": 2.0, "type": "observation"}]))
+
+
+def test_trace_accessors() -> None:
+    document = make_trace(
+        domain="finance",
+        success=False,
+        confidence=0.25,
+        objective="Obj",
+        steps=[
+            step(0, "thought", "a"),
+            step(1, "tool_call", tool="x"),
+            step(2, "observation", "c"),
+        ],
+    )
+    trace = parse_trace(orjson.dumps(document))
+    assert isinstance(trace, Trace)
+    assert trace.id == "kp:trace:test-0001"
+    assert trace.domain == "finance"
+    assert trace.success is False
+    assert trace.confidence == 0.25
+    assert len(trace.steps) == 3
+    # objective, a space, then each step's content ("" when absent) joined by single spaces
+    assert trace.embedding_text() == "Obj a  c"
+
+
+def test_embedding_text_of_the_seed_example() -> None:
+    trace = parse_trace(orjson.dumps(code_review_example()))
+    assert trace.embedding_text() == (
+        "Review PR #42 for security issues Analyzing diff for injection vectors  "
+        "Found unsanitized SQL in handler.ts  Confirmed SQL injection vulnerability"
+    )
+
+
+# --- decode errors ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "fragment"),
+    [
+        (None, EmptyMessageError, "tombstone"),
+        (b"", EmptyMessageError, "empty"),
+        (b"   ", InvalidJsonError, "not valid JSON"),
+        (b"{not json}", InvalidJsonError, "not valid JSON"),
+        (b'{"a": 1', InvalidJsonError, "not valid JSON"),
+        (b'{"a": 1} trailing', InvalidJsonError, "not valid JSON"),
+        (b"{'single': 'quotes'}", InvalidJsonError, "not valid JSON"),
+        (b'{"a": NaN}', InvalidJsonError, "not valid JSON"),
+        (b'{"a": Infinity}', InvalidJsonError, "not valid JSON"),
+        (b'{"a": -Infinity}', InvalidJsonError, "not valid JSON"),
+        (b'{"a": 1e400}', InvalidJsonError, "not valid JSON"),
+        (b"[" * 5000 + b"]" * 5000, InvalidJsonError, "not valid JSON"),
+        (b"\xef\xbb\xbf" + trace_bytes(), EncodingError, "BOM"),
+        (b'{"a": "\xff\xfe"}', EncodingError, "UTF-8"),
+        (b'{"a": "\xc3"}', EncodingError, "UTF-8"),
+        (b'{"a": "\\ud800"}', EncodingError, "surrogate"),
+        (trace_bytes().decode().encode("utf-16"), EncodingError, "UTF-8"),
+        (b'{"a": 1, "a": 2}', DuplicateKeyError, "'a' appears twice"),
+        (b'{"m": {"b": 1, "b": 1}}', DuplicateKeyError, "'b' appears twice"),
+        (b'{"m": [{"k": 1, "k": 2}]}', DuplicateKeyError, "'k' appears twice"),
+        (b'{"a": 1, "\\u0061": 2}', DuplicateKeyError, "'a' appears twice"),
+        (b"[1, 2]", NotAnObjectError, "got list"),
+        (b'"kp:trace:1"', NotAnObjectError, "got str"),
+        (b"42", NotAnObjectError, "got int"),
+        (b"null", NotAnObjectError, "got NoneType"),
+        (b"true", NotAnObjectError, "got bool"),
+        (b"{}", SchemaViolationError, "(root): missing required field '@context'"),
+    ],
+)
+def test_decode_errors_have_kind_and_reason(
+    raw: bytes | None, error: type[TraceError], fragment: str
+) -> None:
+    with pytest.raises(error) as excinfo:
+        parse_trace(raw)
+    assert type(excinfo.value) is error
+    assert isinstance(excinfo.value, TraceError)
+    assert fragment in excinfo.value.reason
+    assert len(excinfo.value.reason) < 300
+
+
+def test_duplicate_keys_inside_a_valid_trace_are_rejected() -> None:
+    raw = trace_bytes().replace(b'"success":true', b'"success":true,"success":false')
+    assert raw.count(b'"success"') == 2
+    with pytest.raises(DuplicateKeyError, match="'success'"):
+        parse_trace(raw)
+
+
+def test_duplicate_key_check_is_not_fooled_by_escaped_quotes() -> None:
+    document = make_trace(objective='say "hi", "a": 1')
+    assert parse_trace(orjson.dumps(document)).document["task"]["objective"] == 'say "hi", "a": 1'
+
+
+def test_error_kinds_are_stable() -> None:
+    assert EmptyMessageError.kind == "empty"
+    assert TooLargeError.kind == "too_large"
+    assert EncodingError.kind == "invalid_encoding"
+    assert InvalidJsonError.kind == "invalid_json"
+    assert DuplicateKeyError.kind == "duplicate_key"
+    assert NotAnObjectError.kind == "not_object"
+    assert SchemaViolationError.kind == "schema"
+    assert ERROR_KINDS == (
+        "empty",
+        "too_large",
+        "invalid_encoding",
+        "invalid_json",
+        "duplicate_key",
+        "not_object",
+        "schema",
+    )
+    for cls in (
+        EmptyMessageError,
+        TooLargeError,
+        EncodingError,
+        InvalidJsonError,
+        DuplicateKeyError,
+        NotAnObjectError,
+        SchemaViolationError,
+    ):
+        assert issubclass(cls, TraceError)
+
+
+# --- size limits --------------------------------------------------------------------------
+
+
+def test_default_size_limit_is_one_mebibyte() -> None:
+    assert DEFAULT_MAX_BYTES == 1_048_576
+    padding = DEFAULT_MAX_BYTES - len(trace_bytes(x_pad=""))
+    parse_trace(trace_bytes(x_pad="p" * padding))  # exactly at the limit
+    with pytest.raises(TooLargeError) as excinfo:
+        parse_trace(trace_bytes(x_pad="p" * (padding + 1)))
+    assert excinfo.value.kind == "too_large"
+    assert "1048577 bytes" in excinfo.value.reason
+    assert "1048576-byte limit" in excinfo.value.reason
+
+
+def test_size_limit_is_configurable() -> None:
+    raw = trace_bytes()
+    assert parse_trace(raw, max_bytes=len(raw)).id == "kp:trace:test-0001"
+    with pytest.raises(TooLargeError, match=f"{len(raw)} bytes, over the {len(raw) - 1}-byte"):
+        parse_trace(raw, max_bytes=len(raw) - 1)
+    # the size check comes first: even garbage is reported as too large
+    with pytest.raises(TooLargeError):
+        decode_json(b"x" * 11, max_bytes=10)
+
+
+# --- nesting depth ------------------------------------------------------------------------
+
+
+def nested_extra(levels: int) -> bytes:
+    """A valid trace plus an extra field of ``levels`` nested arrays (the trace is level 1)."""
+    return trace_bytes()[:-1] + b',"x_deep":' + b"[" * levels + b"]" * levels + b"}"
+
+
+def test_nesting_up_to_the_limit_is_accepted() -> None:
+    assert MAX_DEPTH == 128
+    trace = parse_trace(nested_extra(MAX_DEPTH - 1))
+    # it can be written back, wrapped in one more object as the scored output does
+    assert orjson.loads(orjson.dumps({"trace": trace.document})) == {"trace": trace.document}
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH, 300, 900])
+def test_nesting_beyond_the_limit_is_invalid_json(levels: int) -> None:
+    with pytest.raises(InvalidJsonError) as excinfo:
+        parse_trace(nested_extra(levels))
+    assert excinfo.value.reason == f"not valid JSON: nested deeper than {MAX_DEPTH} levels"
+
+
+def test_many_brackets_in_strings_are_not_nesting() -> None:
+    trace = parse_trace(trace_bytes(objective="[{" * 500, x_list=[[1]] * 200))
+    assert trace.document["task"]["objective"] == "[{" * 500
+
+
+# --- reasons stay short -------------------------------------------------------------------
+
+HUGE = "z" * 100_000
+
+
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        setter("metadata", "visibility")(HUGE),
+        setter("steps", 0, "type")(HUGE),
+        setter("id")(HUGE),
+        setter("@type")(HUGE),
+        setter("@context")(HUGE),
+        setter("metadata", "created_at")(HUGE),
+        setter("metadata", "success")(HUGE),
+        setter("metadata", "quality_score")([HUGE]),
+        setter("outcome", "confidence")({"v": HUGE}),
+        setter("steps", 1, "tool")(HUGE),
+        setter("steps")(HUGE),
+    ],
+)
+def test_reason_quotes_only_a_snippet_of_a_huge_value(mutation: Mutation) -> None:
+    with pytest.raises(SchemaViolationError) as excinfo:
+        parse_trace(mutated(mutation))
+    assert len(excinfo.value.reason) < 300
+    assert "..." in excinfo.value.reason or HUGE[:10] not in excinfo.value.reason
+
+
+def test_reason_for_huge_duplicate_key_is_short() -> None:
+    raw = b'{"' + HUGE.encode() + b'": 1, "' + HUGE.encode() + b'": 2}'
+    with pytest.raises(DuplicateKeyError) as excinfo:
+        parse_trace(raw)
+    assert len(excinfo.value.reason) < 300
+
+
+def test_reason_for_huge_broken_json_is_short() -> None:
+    raw = trace_bytes(x_pad=HUGE)[:-1]
+    with pytest.raises(InvalidJsonError) as excinfo:
+        parse_trace(raw)
+    assert len(excinfo.value.reason) < 300
+
+
+def test_delete_helper_really_deletes() -> None:
+    # guards the helper the rejection cases rely on
+    assert "outcome" not in make_trace(outcome=DELETE)
+    with pytest.raises(SchemaViolationError, match="'outcome'"):
+        validate_trace(make_trace(outcome=DELETE))
