@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -116,6 +118,94 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.traces, args.rate, args.timeout, args.keep_running)
 
 
+def _iso(value: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO-8601 time: {value!r}") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _partition_list(value: str) -> list[int]:
+    try:
+        return [int(p) for p in value.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected partitions like 0,1,2: {value!r}") from None
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from worker.pipeline import build_scorer
+    from worker.replay import ReplayRange, run_replay
+    from worker.scoring import ProfileError
+
+    overrides: dict[str, object] = {}
+    if args.profiles:
+        overrides["profiles_file"] = args.profiles
+    if args.threshold is not None:
+        overrides["accept_threshold"] = args.threshold
+    settings = _settings(**overrides)
+    configure_logging("WARNING" if settings.log_level == "INFO" else settings.log_level)
+    try:
+        scorer = build_scorer(settings)
+    except ProfileError as exc:
+        err_console.print(f"[red]kp-scorer: {exc}[/red]")
+        return 2
+    scope = ReplayRange(
+        topic=args.topic,
+        partitions=args.partitions,
+        from_offset=args.from_offset,
+        from_time=args.from_time,
+        to_offset=args.to_offset,
+        to_time=args.to_time,
+    )
+    progress = Progress(
+        TextColumn("replaying"),
+        BarColumn(),
+        TextColumn("{task.completed} records"),
+        TextColumn("{task.fields[rate]:.1f}/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+    )
+    started = time.monotonic()
+    with progress:
+        task = progress.add_task("replay", total=None, rate=0.0)
+
+        def advance(count: int, total: int | None) -> None:
+            done = progress.tasks[0].completed + count
+            rate = done / max(time.monotonic() - started, 1e-9)
+            progress.update(task, completed=done, total=total, rate=rate)
+
+        try:
+            summary = run_replay(settings, scorer, scope, args.output_prefix, advance)
+        except ValueError as exc:
+            err_console.print(f"[red]kp-scorer: {exc}[/red]")
+            return 2
+    decisions = ", ".join(f"{k}={v}" for k, v in sorted(summary.decisions.items()))
+    err_console.print(
+        f"replayed {summary.records} records into {args.output_prefix}.*: {decisions}"
+    )
+    if not summary.original_found:
+        err_console.print("no earlier decisions found in the live output topics to compare")
+        return 0
+    err_console.print(
+        f"compared with the live outputs: {summary.compared} records, "
+        f"{summary.accept_to_reject} flipped accepted -> rejected, "
+        f"{summary.reject_to_accept} flipped rejected -> accepted"
+    )
+    table = Table(title="score change (replay - live)")
+    table.add_column("delta")
+    table.add_column("records", justify="right")
+    peak = max((count for _, count in summary.delta_histogram()), default=1) or 1
+    table.add_column("")
+    for label, count in summary.delta_histogram():
+        table.add_row(label, str(count), "█" * round(30 * count / peak))
+    err_console.print(table)
+    return 0
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     settings = _settings()
     for name, value in settings.masked().items():
@@ -155,6 +245,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for outputs")
     demo.add_argument("--keep-running", action="store_true", help="keep serving until Ctrl-C")
     demo.set_defaults(func=cmd_demo)
+
+    replay = commands.add_parser(
+        "replay", help="re-score a range of a topic into PREFIX.accepted/.rejected/.dead-letter"
+    )
+    replay.add_argument("--topic", required=True, help="topic to re-score")
+    start = replay.add_mutually_exclusive_group()
+    start.add_argument("--from-offset", type=int, help="first offset (default: the beginning)")
+    start.add_argument("--from-time", type=_iso, help="first record at or after this ISO time")
+    end = replay.add_mutually_exclusive_group()
+    end.add_argument("--to-offset", type=int, help="stop before this offset")
+    end.add_argument("--to-time", type=_iso, help="stop at the first record at or after this")
+    replay.add_argument("--partitions", type=_partition_list, help="e.g. 0,2 (default: all)")
+    replay.add_argument("--output-prefix", required=True, help="writes PREFIX.accepted etc.")
+    replay.add_argument("--profiles", type=Path, help="weight profiles JSON file")
+    replay.add_argument("--threshold", type=float, help="accept threshold")
+    replay.set_defaults(func=cmd_replay)
 
     show = commands.add_parser("settings", help="print the effective settings (secrets masked)")
     show.set_defaults(func=cmd_settings)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -89,17 +89,47 @@ async def ensure_topics(settings: Settings, output_topics: Sequence[str]) -> int
             for name in output_topics
             if name not in existing
         ]
-        for topic in to_create:
-            try:
-                await admin.create_topics([topic])
-                log.info(
-                    "created topic", extra={"topic": topic.name, "partitions": topic.num_partitions}
-                )
-            except TopicAlreadyExistsError:
-                pass
+        await _create(admin, to_create)
         return input_partitions
     finally:
         await admin.close()
+
+
+async def create_topics(settings: Settings, names: Sequence[str], partitions: int) -> None:
+    """Create the topics that do not exist yet."""
+    admin = AIOKafkaAdminClient(**client_config(settings))
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        await _create(
+            admin,
+            [
+                NewTopic(name, partitions, settings.replication_factor)
+                for name in names
+                if name not in existing
+            ],
+        )
+    finally:
+        await admin.close()
+
+
+class TopicCreationError(KafkaError):
+    """The broker refused to create a topic; the message carries its error code and text."""
+
+
+async def _create(admin: AIOKafkaAdminClient, topics: list[NewTopic]) -> None:
+    for topic in topics:
+        try:
+            response = await admin.create_topics([topic])
+        except TopicAlreadyExistsError:
+            continue
+        # The admin client reports per-topic errors in the response instead of raising.
+        for name, code, *message in getattr(response, "topic_errors", ()):
+            if code == TopicAlreadyExistsError.errno:
+                continue
+            if code:
+                raise TopicCreationError(f"cannot create topic {name!r}: error {code} {message}")
+        log.info("created topic", extra={"topic": topic.name, "partitions": topic.num_partitions})
 
 
 def _source_record(message: Any) -> SourceRecord:
@@ -145,6 +175,64 @@ class PartitionLogReader:
         tp = TopicPartition(topic, partition)
         return (await self._consumer.beginning_offsets([tp]))[tp]
 
+    async def partitions(self, topic: str) -> list[int]:
+        # A consumer's own metadata covers only its assigned topics: ask for the whole cluster.
+        cluster = await self._consumer._client.fetch_all_metadata()
+        return sorted(cluster.partitions_for_topic(topic) or ())
+
+    async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        """First offset whose timestamp is >= timestamp_ms, or None if there is none."""
+        tp = TopicPartition(topic, partition)
+        found = (await self._consumer.offsets_for_times({tp: timestamp_ms}))[tp]
+        return None if found is None else found.offset
+
+    async def iter_range(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int | None = None,
+        end_time_ms: int | None = None,
+    ) -> AsyncIterator[list[SourceRecord]]:
+        """Chunks of records from ``start`` up to ``end`` (exclusive), the first record at or
+        after ``end_time_ms``, or the end of the partition as it was when reading began.
+
+        The end of the partition is the high watermark reported with fetched data, which is
+        exact on every broker (unlike a separate end-offsets request on some).
+        """
+        tp = TopicPartition(topic, partition)
+        self._consumer.assign([tp])
+        self._consumer.seek(tp, start)
+        stop_at = end
+        idle_rounds = 0
+        while True:
+            position = await self._consumer.position(tp)
+            if stop_at is not None and position >= stop_at:
+                return
+            batch = await self._consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)
+            messages = batch.get(tp, [])
+            if stop_at is None:
+                highwater = self._consumer.highwater(tp)
+                if highwater is not None:
+                    stop_at = highwater
+            if not messages:
+                idle_rounds += 1
+                if stop_at is None and idle_rounds >= 3:
+                    return  # an empty partition reports no high watermark
+                continue
+            idle_rounds = 0
+            chunk = []
+            for message in messages:
+                record = _source_record(message)
+                if stop_at is not None and record.offset >= stop_at:
+                    break
+                if end_time_ms is not None and record.timestamp_ms >= end_time_ms:
+                    stop_at = record.offset
+                    break
+                chunk.append(record)
+            if chunk:
+                yield chunk
+
     async def read(self, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
         """Records with start <= offset < end, in offset order."""
         if end <= start:
@@ -183,11 +271,16 @@ class Publisher:
             request_timeout_ms=30_000,
         )
 
+        self._started = False
+
     async def start(self) -> None:
         await self._producer.start()
+        self._started = True
 
     async def stop(self) -> None:
-        await self._producer.stop()
+        if self._started:
+            await self._producer.stop()
+            self._started = False
 
     def topic_for(self, decision: Decision) -> str:
         return self._topics[decision]

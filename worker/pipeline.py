@@ -246,7 +246,7 @@ class Scorer:
         headers = (
             *record.headers,
             (f"{HEADER_PREFIX}error-kind", error.kind.encode()),
-            (f"{HEADER_PREFIX}error-reason", error.reason.encode("utf-8", "replace")[:1000]),
+            (f"{HEADER_PREFIX}error-reason", error.reason[:500].encode("utf-8", "replace")),
             (f"{HEADER_PREFIX}source-topic", record.topic.encode()),
             (f"{HEADER_PREFIX}source-partition", str(record.partition).encode()),
             (f"{HEADER_PREFIX}source-offset", str(record.offset).encode()),

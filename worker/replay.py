@@ -1,0 +1,183 @@
+"""`kp-scorer replay`: re-score a range of a topic into other topics, leaving the live worker be.
+
+The range is read by direct assignment (the live group is never joined, nothing is committed),
+scored by the same StreamScorer as the live worker, whose first batch per partition rebuilds
+the novelty cache from the records before the range start. A replay of the same log with the
+same configuration therefore reproduces the live scores exactly; with a changed configuration
+the summary shows what would change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from itertools import pairwise
+
+import orjson
+
+from worker.kafka import PartitionLogReader, Publisher, create_topics
+from worker.pipeline import Decision, RoutedRecord, Scorer
+from worker.settings import Settings
+from worker.stream import StreamScorer
+
+CHUNK_RECORDS = 64
+DELTA_BINS = (-1.0, -0.2, -0.1, -0.05, -0.01, -1e-12, 1e-12, 0.01, 0.05, 0.1, 0.2, 1.0)
+
+
+@dataclass(frozen=True)
+class ReplayRange:
+    topic: str
+    partitions: Sequence[int] | None = None
+    from_offset: int | None = None
+    from_time: datetime | None = None
+    to_offset: int | None = None  # exclusive
+    to_time: datetime | None = None  # exclusive
+
+
+@dataclass
+class ReplaySummary:
+    decisions: Counter[str] = field(default_factory=Counter)
+    compared: int = 0
+    accept_to_reject: int = 0
+    reject_to_accept: int = 0
+    deltas: list[float] = field(default_factory=list)
+    original_found: bool = False
+    records: int = 0
+
+    def delta_histogram(self) -> list[tuple[str, int]]:
+        rows = []
+        for low, high in pairwise(DELTA_BINS):
+            count = sum(1 for d in self.deltas if low <= d < high or (high == 1.0 and d == 1.0))
+            label = "unchanged" if low == -1e-12 else f"[{low:+.2f}, {high:+.2f})"
+            rows.append((label, count))
+        return rows
+
+
+class _NoCommittedOffsets:
+    """The replay owns no group offsets: every partition starts where the range starts."""
+
+    def __init__(self, reader: PartitionLogReader) -> None:
+        self._reader = reader
+
+    async def committed(self, topic: str, partition: int) -> int | None:
+        return None
+
+    async def first_offset(self, topic: str, partition: int) -> int:
+        return await self._reader.first_offset(topic, partition)
+
+    async def read(self, topic: str, partition: int, start: int, end: int) -> list:
+        return await self._reader.read(topic, partition, start, end)
+
+
+def _ms(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp() * 1000)
+
+
+async def _bounds(
+    reader: PartitionLogReader, scope: ReplayRange, partition: int
+) -> tuple[int, int | None, int | None]:
+    low = await reader.first_offset(scope.topic, partition)
+    start = low
+    if scope.from_offset is not None:
+        start = max(low, scope.from_offset)
+    elif scope.from_time is not None:
+        found = await reader.offset_for_time(scope.topic, partition, _ms(scope.from_time) or 0)
+        start = low if found is None else max(low, found)
+    return start, scope.to_offset, _ms(scope.to_time)
+
+
+async def original_decisions(
+    settings: Settings, topic: str
+) -> dict[tuple[int, int], tuple[str, float]]:
+    """(partition, offset) -> (decision, score) from the live accepted/rejected topics."""
+    reader = PartitionLogReader(settings)
+    await reader.start()
+    found: dict[tuple[int, int], tuple[str, float]] = {}
+    try:
+        for output, decision in (
+            (settings.accepted_topic, Decision.ACCEPTED),
+            (settings.rejected_topic, Decision.REJECTED),
+        ):
+            for partition in await reader.partitions(output):
+                async for chunk in reader.iter_range(output, partition, 0):
+                    for record in chunk:
+                        value = orjson.loads(record.value or b"{}")
+                        source = value.get("source", {})
+                        if source.get("topic") == topic:
+                            key = (source["partition"], source["offset"])
+                            found.setdefault(key, (decision.value, value["score"]["score"]))
+    finally:
+        await reader.stop()
+    return found
+
+
+async def replay(
+    settings: Settings,
+    scorer: Scorer,
+    scope: ReplayRange,
+    output_prefix: str,
+    on_progress: Callable[[int, int | None], None] | None = None,
+) -> ReplaySummary:
+    topics = {d: f"{output_prefix}.{d.value.replace('_', '-')}" for d in Decision}
+    iterate = PartitionLogReader(settings)
+    lookup = PartitionLogReader(settings)
+    publisher = Publisher(settings, topics)
+    summary = ReplaySummary()
+    await iterate.start()
+    await lookup.start()
+    try:
+        partitions = list(scope.partitions or await iterate.partitions(scope.topic))
+        if not partitions:
+            raise ValueError(f"topic {scope.topic!r} does not exist or has no partitions")
+        await create_topics(settings, list(topics.values()), len(partitions))
+        original = await original_decisions(settings, scope.topic)
+        summary.original_found = bool(original)
+        await publisher.start()
+        stream = StreamScorer(scorer, _NoCommittedOffsets(lookup), publisher)
+        bounds = {p: await _bounds(iterate, scope, p) for p in partitions}
+        total = None
+        if all(end is not None for _, end, _ in bounds.values()):
+            total = sum(max(0, end - start) for start, end, _ in bounds.values())  # type: ignore[operator]
+        if on_progress:
+            on_progress(0, total)
+        for partition, (start, end, end_time) in bounds.items():
+            async for chunk in iterate.iter_range(scope.topic, partition, start, end, end_time):
+                for offset in range(0, len(chunk), CHUNK_RECORDS):
+                    routed = await stream.process(chunk[offset : offset + CHUNK_RECORDS])
+                    _tally(summary, routed, original)
+                    if on_progress:
+                        on_progress(len(routed), total)
+    finally:
+        await publisher.stop()
+        await lookup.stop()
+        await iterate.stop()
+    return summary
+
+
+def _tally(
+    summary: ReplaySummary,
+    routed: Sequence[RoutedRecord],
+    original: dict[tuple[int, int], tuple[str, float]],
+) -> None:
+    for record in routed:
+        summary.records += 1
+        summary.decisions[record.decision.value] += 1
+        before = original.get((record.source.partition, record.source.offset))
+        if before is None or record.breakdown is None:
+            continue
+        summary.compared += 1
+        old_decision, old_score = before
+        summary.deltas.append(record.breakdown.score - old_score)
+        if old_decision == "accepted" and record.decision is Decision.REJECTED:
+            summary.accept_to_reject += 1
+        elif old_decision == "rejected" and record.decision is Decision.ACCEPTED:
+            summary.reject_to_accept += 1
+
+
+def run_replay(
+    settings: Settings, scorer: Scorer, scope: ReplayRange, output_prefix: str, progress
+) -> ReplaySummary:
+    return asyncio.run(replay(settings, scorer, scope, output_prefix, progress))
