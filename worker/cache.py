@@ -5,9 +5,11 @@ at any speed sees the same live entries.
 
 Similarities must be bit-for-bit reproducible whatever the batch shape (a restarted worker
 batches differently from a continuous one, and scores may not change). BLAS sums in an order
-that depends on matrix shapes, so unit vectors are stored as integers on a 2**-20 grid in
+that depends on matrix shapes, so unit vectors are kept as integers on a 2**-20 grid in
 float64: every product and partial sum is then an exact integer (384 * 2**40 < 2**53) and
-the dot product is exact in any order. The grid costs about 1e-6 of cosine accuracy.
+the dot product is exact in any order. The grid costs about 1e-6 of cosine accuracy. Scans
+first screen all entries in float32 (fast), then compute the few entries that can be the
+maximum exactly on the grid, so the result is exact at float32 speed.
 
 Expiry is applied as a mask at query time rather than by deleting entries: with
 out-of-order timestamps a later record may legitimately still see an entry that an
@@ -51,8 +53,27 @@ def _on_grid(vectors: npt.ArrayLike, dimensions: int) -> GridArray:
     return np.rint(_unit_rows(vectors, dimensions).astype(np.float64) * _GRID)
 
 
-def _similarities(stored: GridArray, queries: GridArray) -> GridArray:
-    return (stored @ queries.T) / _GRID_SQUARED
+def _screen(grid_rows: GridArray) -> FloatArray:
+    """float32 copies for a fast first pass; exact values come from the grid afterwards."""
+    return (grid_rows / _GRID).astype(np.float32)
+
+
+# float32 dot products of 384-dim unit vectors err by at most ~2.3e-5; every entry whose
+# screened similarity is within this margin of the best is re-computed exactly.
+_SCREEN_MARGIN = 1e-3
+
+
+def _exact_best(
+    screened: npt.NDArray[np.float32], grid_rows: GridArray, query: GridArray
+) -> float | None:
+    """Exact max similarity among rows, given their screened values (-inf = not live)."""
+    if screened.size == 0:
+        return None
+    top = screened.max()
+    if np.isneginf(top):
+        return None
+    candidates = np.flatnonzero(screened >= top - _SCREEN_MARGIN)
+    return float((grid_rows[candidates] @ query).max()) / _GRID_SQUARED
 
 
 class VectorCache:
@@ -68,7 +89,8 @@ class VectorCache:
         self.max_elements = max_elements
         self.dimensions = dimensions
         self.ttl_ms = ttl_ms
-        self._vectors = np.zeros((max_elements, dimensions), dtype=np.float64)
+        self._grid = np.zeros((max_elements, dimensions), dtype=np.float64)
+        self._screened = np.zeros((max_elements, dimensions), dtype=np.float32)
         self._times = np.zeros(max_elements, dtype=np.int64)
         self._count = 0
         self._next = 0  # slot the next add writes
@@ -94,23 +116,27 @@ class VectorCache:
     def _add_grid_rows(self, rows: GridArray, event_times_ms: Sequence[int]) -> None:
         if len(rows) != len(event_times_ms):
             raise ValueError("one event time per vector is required")
-        for row, when in zip(
-            rows[-self.max_elements :], event_times_ms[-self.max_elements :], strict=True
-        ):
-            self._vectors[self._next] = row
+        rows, times = rows[-self.max_elements :], list(event_times_ms)[-self.max_elements :]
+        screened = _screen(rows)
+        for row, screened_row, when in zip(rows, screened, times, strict=True):
+            self._grid[self._next] = row
+            self._screened[self._next] = screened_row
             self._times[self._next] = when
             self._next = (self._next + 1) % self.max_elements
             self._count = min(self._count + 1, self.max_elements)
 
-    def _ordered(self) -> tuple[GridArray, npt.NDArray[np.int64]]:
-        """Stored entries oldest first (views when the buffer has not wrapped)."""
+    def _slots(self) -> slice:
+        return slice(0, self._count)
+
+    def _age_rank(self) -> npt.NDArray[np.int64]:
+        """Per stored slot: 0 for the oldest entry ... count-1 for the newest."""
+        slots = np.arange(self._count)
         if self._count < self.max_elements:
-            return self._vectors[: self._count], self._times[: self._count]
-        order = np.r_[self._next : self.max_elements, 0 : self._next]
-        return self._vectors[order], self._times[order]
+            return slots
+        return (slots - self._next) % self.max_elements
 
     def _live_mask(self, now_ms: int | None) -> npt.NDArray[np.bool_]:
-        times = self._times[: self._count] if self._count < self.max_elements else self._times
+        times = self._times[self._slots()]
         if self.ttl_ms is None or now_ms is None:
             return np.ones(len(times), dtype=bool)
         return (now_ms - times) <= self.ttl_ms
@@ -128,13 +154,13 @@ class VectorCache:
         rows = _on_grid(queries, self.dimensions)
         if self._count == 0:
             return [None] * len(rows)
-        stored = self._vectors if self._count == self.max_elements else self._vectors[: self._count]
-        similarities = _similarities(stored, rows)  # [entries, queries], one matrix product
+        slots = self._slots()
+        screened = self._screened[slots] @ _screen(rows).T  # [entries, queries]
         results: list[float | None] = []
         for column in range(len(rows)):
-            mask = self._live_mask(None if now_ms is None else int(now_ms[column]))
-            live = similarities[mask, column]
-            results.append(float(live.max()) if live.size else None)
+            live = self._live_mask(None if now_ms is None else int(now_ms[column]))
+            values = np.where(live, screened[:, column], -np.inf)
+            results.append(_exact_best(values, self._grid[slots], rows[column]))
         return results
 
     def query_then_add_batch(
@@ -151,21 +177,30 @@ class VectorCache:
         if count != len(event_times_ms):
             raise ValueError("one event time per vector is required")
         times = np.asarray(event_times_ms, dtype=np.int64)
-        stored, stored_times = self._ordered()
-        n = len(stored)
+        screened_rows = _screen(rows)
+        slots = self._slots()
+        n = self._count
         position = np.arange(count)
-        # Cache entry k (oldest first) is still held when vector i is queried iff
-        # fewer than capacity entries came after it: k >= n + i - capacity.
-        held = np.arange(n)[:, None] >= (n + position - self.max_elements)[None, :]
+        # The stored entry of age rank k (0 = oldest) is still held when vector i is
+        # queried iff fewer than capacity entries came after it: k >= n + i - capacity.
+        held = self._age_rank()[:, None] >= (n + position - self.max_elements)[None, :]
         earlier = position[:, None] < position[None, :]  # batch entry j precedes i
         earlier &= position[:, None] >= (position - self.max_elements)[None, :]
         if self.ttl_ms is not None:
-            held &= (times[None, :] - stored_times[:, None]) <= self.ttl_ms
+            held &= (times[None, :] - self._times[slots][:, None]) <= self.ttl_ms
             earlier &= (times[None, :] - times[:, None]) <= self.ttl_ms
-        candidates = np.full((n + count, count), -np.inf)
-        if n:
-            candidates[:n] = np.where(held, _similarities(stored, rows), -np.inf)
-        candidates[n:] = np.where(earlier, _similarities(rows, rows), -np.inf)
-        best = candidates.max(axis=0) if n + count else np.full(count, -np.inf)
+        stored = np.where(held, self._screened[slots] @ screened_rows.T, -np.inf)
+        batch = np.where(earlier, screened_rows @ screened_rows.T, -np.inf)
+        results: list[float | None] = []
+        for i in range(count):
+            best = [
+                value
+                for value in (
+                    _exact_best(stored[:, i], self._grid[slots], rows[i]),
+                    _exact_best(batch[:, i], rows, rows[i]),
+                )
+                if value is not None
+            ]
+            results.append(max(best) if best else None)
         self._add_grid_rows(rows, [int(t) for t in times])
-        return [None if np.isneginf(value) else float(value) for value in best]
+        return results
