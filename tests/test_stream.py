@@ -1,0 +1,174 @@
+"""StreamScorer bookkeeping against a fake log: gaps, redeliveries, rebuilds, revocation."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+import orjson
+import pytest
+from traces import make_trace
+
+from worker.novelty import PartitionCaches
+from worker.pipeline import RoutedRecord, Scorer, SourceRecord, Thresholds
+from worker.scoring import load_profiles
+from worker.stream import StreamScorer
+
+TOPIC = "raw"
+
+
+class HashEmbedder:
+    """Deterministic vectors: equal texts are equal, different texts nearly orthogonal."""
+
+    model_id = "hash"
+    dimensions = 384
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        rows = []
+        for text in texts:
+            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+            rows.append(np.random.default_rng(seed).normal(size=self.dimensions))
+        out = np.asarray(rows, dtype=np.float32).reshape(len(texts), self.dimensions)
+        return out / np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
+
+
+class FakeLog:
+    def __init__(self, records: list[SourceRecord], committed: int | None = None) -> None:
+        self.records = records
+        self.committed_offset = committed
+        self.reads: list[tuple[int, int]] = []
+
+    async def committed(self, topic: str, partition: int) -> int | None:
+        return self.committed_offset
+
+    async def first_offset(self, topic: str, partition: int) -> int:
+        return 0
+
+    async def read(self, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
+        self.reads.append((start, end))
+        return [r for r in self.records if r.partition == partition and start <= r.offset < end]
+
+
+class FakePublisher:
+    def __init__(self) -> None:
+        self.published: list[RoutedRecord] = []
+        self.fail = False
+
+    async def publish(self, routed: Sequence[RoutedRecord]) -> None:
+        if self.fail:
+            raise ConnectionError("broker gone")
+        self.published.extend(routed)
+
+
+def log_of(count: int, partition: int = 0, repeat_every: int = 3) -> list[SourceRecord]:
+    records = []
+    for offset in range(count):
+        objective = f"task {offset % repeat_every}"
+        value = orjson.dumps(make_trace(task={"objective": objective}))
+        if offset == 4:
+            value = b"not json"
+        records.append(SourceRecord(TOPIC, partition, offset, 1000 + offset, b"k", value))
+    return records
+
+
+def scorer(capacity: int = 1000) -> Scorer:
+    return Scorer(load_profiles(None), Thresholds(), PartitionCaches(capacity), HashEmbedder())
+
+
+def scores(routed: Sequence[RoutedRecord]) -> dict[int, float | None]:
+    return {r.source.offset: r.breakdown.score if r.breakdown else None for r in routed}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def continuous(records: list[SourceRecord], capacity: int = 1000) -> dict[int, float | None]:
+    return scores(scorer(capacity).score_batch(records).routed)
+
+
+def test_gap_before_first_delivery_is_read_from_the_log() -> None:
+    log = FakeLog(log_of(12), committed=0)
+    publisher = FakePublisher()
+    stream = StreamScorer(scorer(), log, publisher)
+    run(stream.process(log.records[5:8]))  # the consumer skipped offsets 0..4
+    assert sorted(scores(publisher.published)) == list(range(8))
+    assert scores(publisher.published) == {
+        k: v for k, v in continuous(log.records).items() if k < 8
+    }
+
+
+def test_gap_inside_and_between_batches() -> None:
+    log = FakeLog(log_of(20), committed=0)
+    publisher = FakePublisher()
+    stream = StreamScorer(scorer(), log, publisher)
+    run(stream.process([log.records[i] for i in (0, 1, 2, 6, 7)]))  # hole 3..5 in a batch
+    run(stream.process(log.records[10:14]))  # hole 8..9 between batches
+    assert scores(publisher.published) == {
+        k: v for k, v in continuous(log.records).items() if k < 14
+    }
+
+
+def test_redelivered_records_are_not_scored_twice() -> None:
+    log = FakeLog(log_of(10), committed=0)
+    publisher = FakePublisher()
+    stream = StreamScorer(scorer(), log, publisher)
+    run(stream.process(log.records[0:6]))
+    run(stream.process(log.records[3:10]))  # 3..5 again, as after a rebalance
+    offsets = [r.source.offset for r in publisher.published]
+    assert offsets == list(range(10))
+    assert scores(publisher.published) == continuous(log.records)
+
+
+def test_takeover_rebuilds_the_cache_from_before_the_committed_offset() -> None:
+    records = log_of(30, repeat_every=7)
+    expected = continuous(records, capacity=5)
+    log = FakeLog(records, committed=17)
+    publisher = FakePublisher()
+    stream = StreamScorer(scorer(capacity=5), log, publisher)
+    run(stream.process(records[17:30]))
+    assert scores(publisher.published) == {k: v for k, v in expected.items() if k >= 17}
+    assert log.reads[0] == (12, 17), "reads back `capacity` records first"
+
+
+def test_rebuild_reads_further_back_past_dead_lettered_records() -> None:
+    records = log_of(12, repeat_every=12)  # offset 4 is not json
+    expected = continuous(records, capacity=8)
+    log = FakeLog(records, committed=10)
+    stream = StreamScorer(scorer(capacity=8), log, FakePublisher())
+    run(stream.process(records[10:12]))
+    assert stream.publisher.published and scores(stream.publisher.published) == {
+        10: expected[10],
+        11: expected[11],
+    }
+    assert log.reads[0] == (2, 10) and log.reads[1][1] == 2
+
+
+def test_partition_revoked_while_scoring_leaves_no_state() -> None:
+    log = FakeLog(log_of(6), committed=0)
+    publisher = FakePublisher()
+    stream = StreamScorer(scorer(), log, publisher)
+
+    async def revoke_during_publish(routed: Sequence[RoutedRecord]) -> None:
+        stream.forget([(TOPIC, 0)])
+        publisher.published.extend(routed)
+
+    stream.publisher = type("P", (), {"publish": staticmethod(revoke_during_publish)})()
+    run(stream.process(log.records[0:3]))
+    assert stream.owned() == []
+    assert (TOPIC, 0) not in stream.scorer.caches
+
+
+def test_failed_publish_forgets_the_partition_and_raises() -> None:
+    log = FakeLog(log_of(6), committed=0)
+    publisher = FakePublisher()
+    stream = StreamScorer(scorer(), log, publisher)
+    publisher.fail = True
+    with pytest.raises(ConnectionError):
+        run(stream.process(log.records[0:3]))
+    assert stream.owned() == []
+    publisher.fail = False
+    run(stream.process(log.records[0:6]))  # redelivered after the failure: scored afresh
+    assert scores(publisher.published) == continuous(log.records)
