@@ -36,23 +36,26 @@ def _settings(**overrides: object) -> Settings:
         raise SystemExit(2) from None
 
 
+def _checked_settings(**overrides: object) -> Settings:
+    """Settings plus the weight profiles they name, validated before anything starts."""
+    from worker.scoring import ProfileError, load_profiles
+
+    settings = _settings(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        load_profiles(settings.profiles_file)
+    except ProfileError as exc:
+        err_console.print(f"[red]kp-scorer: KP_PROFILES_FILE: {exc}[/red]")
+        raise SystemExit(2) from None
+    return settings
+
+
 def cmd_score(args: argparse.Namespace) -> int:
     from worker.offline import LineRecords, score_lines
     from worker.pipeline import build_scorer
-    from worker.scoring import ProfileError
 
-    overrides: dict[str, object] = {}
-    if args.profiles:
-        overrides["profiles_file"] = args.profiles
-    if args.threshold is not None:
-        overrides["accept_threshold"] = args.threshold
-    settings = _settings(**overrides)
+    settings = _checked_settings(profiles_file=args.profiles, accept_threshold=args.threshold)
     configure_logging(settings.log_level)
-    try:
-        scorer = build_scorer(settings, use_embedder=not args.no_embedder)
-    except ProfileError as exc:
-        err_console.print(f"[red]kp-scorer: {exc}[/red]")
-        return 2
+    scorer = build_scorer(settings, use_embedder=not args.no_embedder)
     if scorer.embedder is None and not args.no_embedder:
         err_console.print(
             f"[yellow]embedder unavailable ({scorer.embedder_reason}); novelty 0.5[/]"
@@ -100,7 +103,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
     """Run the stream worker through Faust's own CLI (its flags pass through)."""
-    settings = _settings()
+    settings = _checked_settings()
     configure_logging(settings.log_level)
     from worker.app import create_app
 
@@ -138,20 +141,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from worker.pipeline import build_scorer
     from worker.replay import ReplayRange, run_replay
-    from worker.scoring import ProfileError
 
-    overrides: dict[str, object] = {}
-    if args.profiles:
-        overrides["profiles_file"] = args.profiles
-    if args.threshold is not None:
-        overrides["accept_threshold"] = args.threshold
-    settings = _settings(**overrides)
+    settings = _checked_settings(profiles_file=args.profiles, accept_threshold=args.threshold)
     configure_logging("WARNING" if settings.log_level == "INFO" else settings.log_level)
-    try:
-        scorer = build_scorer(settings)
-    except ProfileError as exc:
-        err_console.print(f"[red]kp-scorer: {exc}[/red]")
-        return 2
+    scorer = build_scorer(settings)
     scope = ReplayRange(
         topic=args.topic,
         partitions=args.partitions,
@@ -269,11 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, extra = build_parser().parse_known_args(argv)
-    if getattr(args, "passthrough", False):
-        return int(args.func(args, extra) or 0)
-    if extra:
+    if extra and not getattr(args, "passthrough", False):
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
-    return int(args.func(args) or 0)
+    try:
+        result = args.func(args, extra) if getattr(args, "passthrough", False) else args.func(args)
+    except SystemExit as exc:  # start-up checks stop with a message and a code
+        return exc.code if isinstance(exc.code, int) else 1
+    return int(result or 0)
 
 
 if __name__ == "__main__":

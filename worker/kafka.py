@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 PUBLISH_RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0)
 FETCH_TIMEOUT_MS = 1000
+MAX_IDLE_FETCHES = 30
 
 
 def client_config(settings: Settings) -> dict[str, Any]:
@@ -205,20 +206,17 @@ class PartitionLogReader:
         self._consumer.seek(tp, start)
         stop_at = end
         idle_rounds = 0
-        while True:
-            position = await self._consumer.position(tp)
-            if stop_at is not None and position >= stop_at:
-                return
+        while stop_at is None or await self._consumer.position(tp) < stop_at:
             batch = await self._consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)
             messages = batch.get(tp, [])
             if stop_at is None:
-                highwater = self._consumer.highwater(tp)
-                if highwater is not None:
-                    stop_at = highwater
+                stop_at = self._consumer.highwater(tp)
             if not messages:
                 idle_rounds += 1
                 if stop_at is None and idle_rounds >= 3:
                     return  # an empty partition reports no high watermark
+                if idle_rounds >= MAX_IDLE_FETCHES:
+                    raise TimeoutError(f"{topic}[{partition}]: no records from {start} to {end}")
                 continue
             idle_rounds = 0
             chunk = []
@@ -237,24 +235,11 @@ class PartitionLogReader:
         """Records with start <= offset < end, in offset order."""
         if end <= start:
             return []
-        tp = TopicPartition(topic, partition)
-        self._consumer.assign([tp])
-        self._consumer.seek(tp, start)
-        records: list[SourceRecord] = []
-        idle_rounds = 0
-        while await self._consumer.position(tp) < end:
-            batch = await self._consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)
-            messages = batch.get(tp, [])
-            if not messages:
-                idle_rounds += 1
-                if idle_rounds >= 30:
-                    raise TimeoutError(
-                        f"{topic}[{partition}]: no records between {start} and {end}"
-                    )
-                continue
-            idle_rounds = 0
-            records.extend(_source_record(m) for m in messages if start <= m.offset < end)
-        return records
+        return [
+            record
+            async for chunk in self.iter_range(topic, partition, start, end)
+            for record in chunk
+        ]
 
 
 class Publisher:
