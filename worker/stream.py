@@ -75,8 +75,13 @@ class StreamScorer:
             self._epochs[tp] += 1
             self._state.pop(tp, None)
             self.scorer.caches.drop(tp)
-            with contextlib.suppress(KeyError):
-                metrics.cache_entries.remove(tp[0], str(tp[1]))
+            for gauge in (
+                metrics.cache_entries,
+                metrics.consumer_lag_records,
+                metrics.consumer_lag_seconds,
+            ):
+                with contextlib.suppress(KeyError):  # a lost partition stops being reported
+                    gauge.remove(tp[0], str(tp[1]))
 
     def owned(self) -> list[TopicPartition]:
         return list(self._state)

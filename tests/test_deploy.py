@@ -1,0 +1,635 @@
+"""Deployment files agree with the worker: compose, Dockerfile, Prometheus, Grafana, k8s.
+
+No Docker here. The static tests parse every file and cross-check names, ports, paths and
+settings against ``worker.settings``. The broker tests run a real worker, score the sample
+traces plus a malformed record, scrape its /metrics, and check both the values and that every
+metric named by the dashboard, the alert rules and the autoscaler is one the worker exports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import promql_parser
+import pytest
+import yaml
+from kafka_helpers import create_topics, produce
+from outputs import collect_outputs
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import AliasChoices
+from worker_process import WorkerProcess
+
+from worker.pipeline import OTHER_DOMAIN, build_scorer
+from worker.scoring import BUILTIN_PROFILES, profiles_from_mapping
+from worker.settings import Settings, load_settings
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "Dockerfile"
+PROMETHEUS = REPO / "deploy" / "prometheus" / "prometheus.yml"
+ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
+DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "kp-scorer.json"
+GRAFANA_DATASOURCES = (
+    REPO / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
+)
+GRAFANA_DASHBOARDS = REPO / "deploy" / "grafana" / "provisioning" / "dashboards" / "dashboards.yml"
+K8S = REPO / "deploy" / "k8s"
+EXAMPLES = REPO / "examples" / "traces.jsonl"
+
+DEFAULTS = Settings()
+DEFAULT_TOPICS = {
+    DEFAULTS.input_topic,
+    DEFAULTS.accepted_topic,
+    DEFAULTS.rejected_topic,
+    DEFAULTS.dead_letter_topic,
+}
+# Series Prometheus records itself for every target; alerts may use them.
+PROMETHEUS_SERIES = {"up"}
+# What the dashboard must show (the brief of the dashboard), by the series it reads.
+DASHBOARD_MUST_USE = {
+    "kp_records_total",
+    "kp_trace_latency_seconds_bucket",
+    "kp_trace_latency_seconds_count",
+    "kp_budget_breaches_total",
+    "kp_stage_latency_seconds_bucket",
+    "kp_score_bucket",
+    "kp_score_dimension_bucket",
+    "kp_consumer_lag_records",
+    "kp_consumer_lag_seconds",
+    "kp_cache_entries",
+    "kp_embedder_up",
+    "kp_dead_letters_total",
+}
+ALERTS_MUST_USE = {
+    "kp_budget_breaches_total",
+    "kp_trace_latency_seconds_bucket",
+    "kp_dead_letters_total",
+    "kp_consumer_lag_records",
+    "kp_consumer_lag_seconds",
+    "kp_embedder_up",
+}
+
+
+# -- loading ------------------------------------------------------------------------------
+def load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def compose() -> dict[str, Any]:
+    return load_yaml(COMPOSE)  # type: ignore[no-any-return]
+
+
+def service(name: str) -> dict[str, Any]:
+    return compose()["services"][name]  # type: ignore[no-any-return]
+
+
+def k8s_documents() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    return docs
+
+
+def k8s(kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        d
+        for d in k8s_documents()
+        if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def setting_env_names() -> set[str]:
+    """Every environment variable the worker reads: KP_<FIELD> and explicit aliases."""
+    names = set()
+    for field_name, field in Settings.model_fields.items():
+        names.add(f"KP_{field_name.upper()}")
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            names.update(c.upper() for c in alias.choices if isinstance(c, str))
+        elif isinstance(alias, str):
+            names.add(alias.upper())
+    return names
+
+
+def container_port(mapping: str | int | dict[str, Any]) -> int:
+    """The container side of a compose port mapping ("9464-9467:9464", "3000:3000", 80)."""
+    if isinstance(mapping, dict):
+        return int(mapping["target"])
+    return int(str(mapping).split("/")[0].rsplit(":", 1)[-1])
+
+
+def host_volumes(svc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(host path, container path) of a service's bind mounts."""
+    out = []
+    for volume in svc.get("volumes", []):
+        if isinstance(volume, dict):
+            if volume.get("type") == "bind":
+                out.append((volume["source"], volume["target"]))
+            continue
+        parts = volume.split(":")
+        if parts[0].startswith((".", "/")):
+            out.append((parts[0], parts[1]))
+    return out
+
+
+def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings exactly as the worker would load them from ``env`` (nothing else set)."""
+    for name in list(os.environ):
+        if name.startswith("KP_") or name == "KAFKA_BOOTSTRAP_SERVERS":
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, str(value))
+    return load_settings()
+
+
+# -- PromQL -------------------------------------------------------------------------------
+GRAFANA_INTERVALS = re.compile(r"\$__(rate_interval|interval|range)\b")
+LABEL_VALUES = re.compile(r"^\s*label_values\((?P<selector>.+),\s*\w+\s*\)\s*$")
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names selected by a PromQL expression (parsed, so a syntax error fails loudly).
+
+    Grafana's interval variables become a duration; ``label_values(selector, label)`` (a
+    Grafana template query) contributes its selector.
+    """
+    expr = GRAFANA_INTERVALS.sub("5m", expr)
+    match = LABEL_VALUES.match(expr)
+    if match:
+        expr = match["selector"]
+    names: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            assert node.name, f"selector without a metric name in {expr!r}"
+            names.add(node.name)
+            return
+        for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
+            child = getattr(node, attr, None)
+            if isinstance(child, promql_parser.Expr):
+                walk(child)
+        for arg in getattr(node, "args", None) or ():
+            walk(arg)
+
+    try:
+        walk(promql_parser.parse(expr))
+    except ValueError as exc:
+        raise AssertionError(f"invalid PromQL {expr!r}: {exc}") from None
+    return names
+
+
+def test_promql_metric_names_reads_nested_expressions() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (le) (rate(a_bucket{x=~"$x",le="0.1"}[$__rate_interval])))'
+        " / on() group_left sum(b_total) > 0.1 and max_over_time(c[5m:1m]) unless -d"
+    )
+    assert promql_metric_names(expr) == {"a_bucket", "b_total", "c", "d"}
+    assert promql_metric_names('label_values(kp_score_count{i=~"$i"}, domain)') == {
+        "kp_score_count"
+    }
+    with pytest.raises(AssertionError, match="invalid PromQL"):
+        promql_metric_names("sum(rate(x[5m])")
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = [
+        target["expr"]
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+        if "expr" in target
+    ]
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            query = variable["query"]
+            queries.append(query["query"] if isinstance(query, dict) else query)
+    return queries
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [rule for group in load_yaml(ALERTS)["groups"] for rule in group["rules"]]
+
+
+def autoscaler_queries() -> list[str]:
+    scaled = k8s("ScaledObject")
+    return [t["metadata"]["query"] for t in scaled["spec"]["triggers"] if t["type"] == "prometheus"]
+
+
+# -- docker-compose -----------------------------------------------------------------------
+def test_compose_has_the_services_and_ports() -> None:
+    services = compose()["services"]
+    assert {"kafka", "topics", "worker", "producer", "prometheus", "grafana"} <= set(services)
+    assert service("kafka")["image"].startswith("apache/kafka:")
+    assert service("kafka")["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert service("worker")["build"] == "."
+    ports = {name: {container_port(p) for p in s.get("ports", [])} for name, s in services.items()}
+    assert 9092 in ports["kafka"]
+    assert ports["worker"] == {DEFAULTS.metrics_port}
+    assert 9090 in ports["prometheus"]
+    assert 3000 in ports["grafana"]
+    assert service("topics")["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert (
+        service("worker")["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+    )
+
+
+def test_compose_worker_sets_only_real_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = service("worker")["environment"]
+    unknown = set(env) - setting_env_names()
+    assert not unknown, f"not worker settings: {sorted(unknown)}"
+    settings = settings_from(env, monkeypatch)
+    assert settings.kafka_bootstrap_servers.split(":")[0] == "kafka"
+    kafka_listeners = service("kafka")["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert f"//{settings.kafka_bootstrap_servers}" in kafka_listeners
+    assert service("producer")["environment"]["KAFKA_BOOTSTRAP_SERVERS"] == (
+        settings.kafka_bootstrap_servers
+    )
+
+
+def test_compose_volume_host_paths_exist() -> None:
+    mounts = [
+        (name, host) for name, s in compose()["services"].items() for host, _ in host_volumes(s)
+    ]
+    assert mounts, "compose mounts the examples and the deploy configuration"
+    for name, host in mounts:
+        assert (REPO / host).exists(), f"service {name} mounts missing {host}"
+    assert (REPO / service("worker")["build"] / "Dockerfile").is_file()
+
+
+def test_compose_topics_agree_with_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = settings_from(service("worker")["environment"], monkeypatch)
+    assert {
+        settings.input_topic,
+        settings.accepted_topic,
+        settings.rejected_topic,
+        settings.dead_letter_topic,
+    } == DEFAULT_TOPICS
+    assert settings.input_topic == DEFAULTS.input_topic
+    assert settings.group_id == DEFAULTS.group_id
+    script = "\n".join(service("topics")["command"])
+    created = set(re.search(r"for topic in ([^;]+);", script)[1].split())  # type: ignore[index]
+    assert created == DEFAULT_TOPICS
+    partitions = int(re.search(r"--partitions (\d+)", script)[1])  # type: ignore[index]
+    assert partitions == settings.input_partitions
+    assert service("producer")["environment"]["TOPIC"] == DEFAULTS.input_topic
+    producer_file = service("producer")["environment"]["TRACES_FILE"]
+    mounted = {target: host for host, target in host_volumes(service("producer"))}
+    directory, name = producer_file.rsplit("/", 1)
+    assert (REPO / mounted[directory] / name).is_file()
+
+
+def test_metrics_port_agrees_everywhere() -> None:
+    port = DEFAULTS.metrics_port
+    assert port == 9464
+    worker = service("worker")
+    assert int(worker["environment"]["KP_METRICS_PORT"]) == port
+    assert {container_port(p) for p in worker["ports"]} == {port}
+    assert f"127.0.0.1:{port}/metrics" in " ".join(worker["healthcheck"]["test"])
+    dockerfile = DOCKERFILE.read_text()
+    assert re.findall(r"^EXPOSE\s+(\d+)", dockerfile, re.M) == [str(port)]
+    assert re.search(r"^ENV KP_METRICS_PORT=(\d+)", dockerfile, re.M)[1] == str(port)  # type: ignore[index]
+    (job,) = load_yaml(PROMETHEUS)["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    targets = [(name, sd["port"]) for sd in job["dns_sd_configs"] for name in sd["names"]]
+    assert targets == [("worker", port)], "Prometheus scrapes the compose worker service"
+    container = k8s("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+    assert int(k8s("ConfigMap", "kp-scorer-env")["data"]["KP_METRICS_PORT"]) == port
+    assert k8s("Service")["spec"]["ports"][0]["port"] == port
+
+
+def test_dockerfile_builds_a_non_root_worker_image() -> None:
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^FROM python:3\.11-slim\s*$", text, re.M)
+    assert re.search(r"^RUN pip install \.", text, re.M)
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert json.loads(re.search(r"^ENTRYPOINT (.+)$", text, re.M)[1]) == ["kp-scorer"]  # type: ignore[index]
+    assert json.loads(re.search(r"^CMD (.+)$", text, re.M)[1]) == ["worker"]  # type: ignore[index]
+    for line in re.findall(r"^COPY (.+)$", text, re.M):
+        sources = line.split()[:-1]
+        for source in sources:
+            assert (REPO / source).exists(), f"Dockerfile copies missing {source}"
+
+
+# -- Prometheus and Grafana ---------------------------------------------------------------
+def test_prometheus_loads_the_alert_rules() -> None:
+    config = load_yaml(PROMETHEUS)
+    assert config["rule_files"] == ["alerts.yml"]
+    assert (PROMETHEUS.parent / "alerts.yml").is_file()
+    mounts = dict(host_volumes(service("prometheus")))
+    assert mounts["./deploy/prometheus"] == "/etc/prometheus"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in service("prometheus")["command"]
+
+
+def test_alert_rules_parse_and_cover_the_brief() -> None:
+    rules = alert_rules()
+    names = [rule["alert"] for rule in rules]
+    assert len(names) == len(set(names))
+    used: set[str] = set()
+    for rule in rules:
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert rule["annotations"]["summary"]
+        used |= promql_metric_names(rule["expr"])
+    assert used >= ALERTS_MUST_USE
+    by_name = {rule["alert"]: rule["expr"] for rule in rules}
+    p99 = by_name["KpScorerLatencyP99OverBudget"]
+    assert "histogram_quantile(0.99" in p99 and p99.strip().endswith("> 0.1")
+    assert re.sub(r"\s", "", by_name["KpScorerEmbedderDown"]) == "kp_embedder_up==0"
+
+
+def test_grafana_provisioning_matches_compose_and_dashboard() -> None:
+    (datasource,) = load_yaml(GRAFANA_DATASOURCES)["datasources"]
+    assert datasource["type"] == "prometheus"
+    host_port = datasource["url"].removeprefix("http://")
+    host, port = host_port.split(":")
+    assert host in compose()["services"]
+    assert int(port) in {container_port(p) for p in service(host)["ports"]}
+    (provider,) = load_yaml(GRAFANA_DASHBOARDS)["providers"]
+    mounts = dict(host_volumes(service("grafana")))
+    assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    dashboard = json.loads(DASHBOARD.read_text())
+    uids = {
+        panel["datasource"]["uid"] for panel in dashboard["panels"] if "datasource" in panel
+    } | {
+        target["datasource"]["uid"]
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+    }
+    assert uids == {datasource["uid"]}
+
+
+def test_dashboard_parses_and_covers_the_brief() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] == "kp-scorer"
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        if panel["type"] != "row":
+            assert panel["targets"], f"panel {panel['title']!r} has no query"
+    used: set[str] = set()
+    for query in dashboard_queries():
+        used |= promql_metric_names(query)
+    assert used >= DASHBOARD_MUST_USE, sorted(DASHBOARD_MUST_USE - used)
+    exprs = " ".join(dashboard_queries())
+    assert 'kp_trace_latency_seconds_bucket{instance=~"$instance",le="0.1"}' in exprs
+    budget_panels = [p for p in dashboard["panels"] if "vs 100 ms budget" in p["title"]]
+    (steps,) = [p["fieldConfig"]["defaults"]["thresholds"]["steps"] for p in budget_panels]
+    assert steps[-1]["value"] == DEFAULTS.latency_budget_seconds
+
+
+# -- Kubernetes ---------------------------------------------------------------------------
+def test_k8s_manifests_parse_without_namespaces() -> None:
+    docs = k8s_documents()
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "PodDisruptionBudget", "ScaledObject", "ConfigMap", "Service"} <= kinds
+    for doc in docs:
+        assert doc["apiVersion"] and doc["metadata"]["name"]
+        assert "namespace" not in doc["metadata"], "manifests are namespace-less"
+    kustomization = load_yaml(K8S / "kustomization.yaml")
+    listed = set(kustomization["resources"])
+    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+
+
+def test_k8s_deployment_probes_and_wiring() -> None:
+    deployment = k8s("Deployment")
+    pod = deployment["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        http = container[probe]["httpGet"]
+        assert http["path"] == "/metrics"
+        assert ports.get(http["port"], http["port"]) == DEFAULTS.metrics_port, probe
+    (env_from,) = container["envFrom"]
+    assert k8s("ConfigMap", env_from["configMapRef"]["name"])
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    for volume in volumes.values():
+        if "configMap" in volume:
+            assert k8s("ConfigMap", volume["configMap"]["name"])
+    resources = container["resources"]
+    assert {"cpu", "memory"} <= set(resources["requests"]) and "memory" in resources["limits"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
+    env = k8s("ConfigMap", "kp-scorer-env")["data"]
+    assert int(env["KP_EMBED_THREADS"]) == int(resources["limits"]["cpu"])
+
+    service_ = k8s("Service")
+    assert service_["spec"]["selector"].items() <= labels.items()
+    assert service_["spec"]["ports"][0]["targetPort"] in (*ports, DEFAULTS.metrics_port)
+    pdb = k8s("PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_k8s_configmaps_are_real_settings_and_profiles(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    env = dict(k8s("ConfigMap", "kp-scorer-env")["data"])
+    unknown = set(env) - setting_env_names()
+    assert not unknown, f"not worker settings: {sorted(unknown)}"
+    assert {env[k] for k in env if k.endswith("_TOPIC")} == DEFAULT_TOPICS
+    assert env["KP_GROUP_ID"] == DEFAULTS.group_id
+
+    profiles_map = k8s("ConfigMap", "kp-scorer-profiles")["data"]
+    raw = json.loads(profiles_map["profiles.json"])
+    profiles = profiles_from_mapping(raw)
+    assert dict(profiles.profiles) == dict(BUILTIN_PROFILES), "the five built-in profiles"
+
+    # Where the Deployment mounts the profiles is where KP_PROFILES_FILE points.
+    container = k8s("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "profiles"]
+    directory, name = env["KP_PROFILES_FILE"].rsplit("/", 1)
+    assert mount["mountPath"] == directory and name in profiles_map
+
+    local = tmp_path / name
+    local.write_text(profiles_map[name])
+    settings = settings_from({**env, "KP_PROFILES_FILE": str(local)}, monkeypatch)
+    scorer = build_scorer(settings, use_embedder=False)
+    assert set(scorer.profiles.names) == set(BUILTIN_PROFILES)
+    assert settings.threshold_for("medical") == 0.8
+    assert settings.threshold_for("code") == settings.accept_threshold == 0.75
+
+
+def test_k8s_autoscaler_is_capped_at_the_partition_count() -> None:
+    scaled = k8s("ScaledObject")
+    deployment = k8s("Deployment")
+    env = k8s("ConfigMap", "kp-scorer-env")["data"]
+    assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    assert scaled["spec"]["maxReplicaCount"] == int(env["KP_INPUT_PARTITIONS"])
+    assert 1 <= scaled["spec"]["minReplicaCount"] <= scaled["spec"]["maxReplicaCount"]
+    (kafka,) = [t for t in scaled["spec"]["triggers"] if t["type"] == "kafka"]
+    assert kafka["metadata"]["topic"] == env["KP_INPUT_TOPIC"]
+    assert kafka["metadata"]["consumerGroup"] == env["KP_GROUP_ID"]
+    assert kafka["metadata"]["bootstrapServers"] == env["KAFKA_BOOTSTRAP_SERVERS"]
+    assert kafka["metadata"]["allowIdleConsumers"] == "false"
+    for query in autoscaler_queries():
+        assert f'topic="{env["KP_INPUT_TOPIC"]}"' in query
+        assert promql_metric_names(query)
+
+
+# -- a live worker ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LiveWorker:
+    inputs: int
+    valid: int
+    samples: dict[str, list[tuple[dict[str, str], float]]]  # sample name -> (labels, value)
+    series: set[str]  # every series name the worker exports (suffixes included)
+    rss_mib: float
+    hwm_mib: float
+    cpu_seconds: float
+
+    def value(self, name: str, **labels: str) -> float:
+        return sum(v for got, v in self.samples.get(name, []) if labels.items() <= got.items())
+
+
+def exported_series(text: str) -> tuple[set[str], dict[str, list[tuple[dict[str, str], float]]]]:
+    """Series names in an exposition, including those of families with no samples yet."""
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_count", "_sum", "_created"),
+        "summary": ("_count", "_sum", "_created", ""),
+        "info": ("_info",),
+        "gauge": ("",),
+    }
+    names: set[str] = set()
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        names.update(family.name + s for s in suffixes.get(family.type, ("",)))
+        for sample in family.samples:
+            names.add(sample.name)
+            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return names, samples
+
+
+def process_figures(pid: int) -> tuple[float, float, float]:
+    """(VmRSS MiB, VmHWM MiB, CPU seconds user+system) of a process, from /proc."""
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (
+        int(status["VmRSS"].split()[0]) / 1024,
+        int(status["VmHWM"].split()[0]) / 1024,
+        (int(fields[11]) + int(fields[12])) / ticks,
+    )
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def live_worker(kafka_bootstrap: str) -> Iterator[LiveWorker]:
+    prefix = f"deploy-{uuid.uuid4().hex[:8]}"
+    env = {
+        "KP_INPUT_TOPIC": f"{prefix}.raw",
+        "KP_ACCEPTED_TOPIC": f"{prefix}.accepted",
+        "KP_REJECTED_TOPIC": f"{prefix}.rejected",
+        "KP_DEAD_LETTER_TOPIC": f"{prefix}.dead-letter",
+        "KP_GROUP_ID": f"{prefix}-group",
+        "KP_INPUT_PARTITIONS": "4",
+    }
+    outputs = {
+        env["KP_ACCEPTED_TOPIC"]: "accepted",
+        env["KP_REJECTED_TOPIC"]: "rejected",
+        env["KP_DEAD_LETTER_TOPIC"]: "dead_letter",
+    }
+    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=4)
+    lines = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
+    records = [
+        (orjson.loads(line)["metadata"]["task_domain"].encode(), line, None, None) for line in lines
+    ]
+    records.append((b"bad", b"{not json", None, None))
+
+    with WorkerProcess(kafka_bootstrap, **env) as worker:
+        worker.wait_ready()
+        assert worker.process is not None
+        produced = produce(kafka_bootstrap, env["KP_INPUT_TOPIC"], records)
+        collect_outputs(kafka_bootstrap, outputs, {(p.partition, p.offset) for p in produced})
+        # Metrics are observed right after the publish is acknowledged: wait for the last.
+        deadline = time.monotonic() + 10
+        while True:
+            text = scrape(worker.metrics_port)
+            series, samples = exported_series(text)
+            count = sum(v for _, v in samples.get("kp_trace_latency_seconds_count", []))
+            if count >= len(records) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        rss, hwm, cpu = process_figures(worker.process.pid)
+        print(
+            f"\nworker after scoring {len(records)} records: VmRSS {rss:.0f} MiB, "
+            f"VmHWM {hwm:.0f} MiB, CPU {cpu:.1f} s since start"
+        )
+        yield LiveWorker(len(records), len(lines), samples, series, rss, hwm, cpu)
+
+
+@pytest.mark.broker
+def test_live_worker_metric_values(live_worker: LiveWorker) -> None:
+    live = live_worker
+    assert live.value("kp_records_total") == live.inputs
+    assert live.value("kp_records_total", decision="dead_letter") == 1
+    assert live.value("kp_dead_letters_total", kind="invalid_json") == 1
+    assert live.value("kp_trace_latency_seconds_count") == live.inputs
+    buckets = {labels["le"] for labels, _ in live.samples["kp_trace_latency_seconds_bucket"]}
+    assert "0.1" in buckets, "a bucket boundary exactly at the 100 ms budget"
+    assert live.value("kp_trace_latency_seconds_bucket", le="+Inf") == live.inputs
+    breaches = live.value("kp_budget_breaches_total")
+    within = live.value("kp_trace_latency_seconds_bucket", le="0.1")
+    assert breaches == live.inputs - within, "breaches = traces above the 0.1 s bucket"
+    assert live.value("kp_embedder_up") == 1
+    assert live.value("kp_batch_size_count") > 0
+    assert live.value("kp_batch_size_sum") == live.inputs
+    assert live.samples.get("kp_cache_entries"), "kp_cache_entries is exported"
+    assert live.value("kp_cache_entries") == live.valid, "every scored trace enters a cache"
+    assert live.value("kp_score_count") == live.valid
+    for dimension in ("complexity", "novelty", "tool_diversity", "outcome"):
+        assert live.value("kp_score_dimension_count", dimension=dimension) == live.valid
+    domains = {labels["domain"] for labels, _ in live.samples["kp_records_total"]}
+    assert domains <= set(BUILTIN_PROFILES) | {OTHER_DOMAIN}
+    assert live.samples.get("kp_consumer_lag_records")
+    assert live.samples.get("kp_consumer_lag_seconds")
+    print(
+        f"latency: {within:.0f} of {live.inputs} within 0.1 s, {breaches:.0f} breaches "
+        "(a burst of 51 on a cold worker)"
+    )
+
+
+@pytest.mark.broker
+def test_dashboard_uses_only_exported_metrics(live_worker: LiveWorker) -> None:
+    used: set[str] = set()
+    for query in dashboard_queries():
+        used |= promql_metric_names(query)
+    assert used - live_worker.series == set()
+
+
+@pytest.mark.broker
+def test_alerts_use_only_exported_metrics(live_worker: LiveWorker) -> None:
+    for rule in alert_rules():
+        unknown = promql_metric_names(rule["expr"]) - live_worker.series - PROMETHEUS_SERIES
+        assert not unknown, f"{rule['alert']} uses {sorted(unknown)}"
+
+
+@pytest.mark.broker
+def test_autoscaler_uses_only_exported_metrics(live_worker: LiveWorker) -> None:
+    queries = autoscaler_queries()
+    assert queries
+    for query in queries:
+        assert promql_metric_names(query) - live_worker.series == set()
