@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from worker import metrics
 from worker.pipeline import Decision, RoutedRecord, SourceRecord
 from worker.settings import Settings
 
@@ -290,6 +291,7 @@ class Publisher:
             ]
             if not failed:
                 return
+            metrics.publish_retries.inc()
             errors = {type(res).__name__ for res in results if isinstance(res, BaseException)}
             delay = PUBLISH_RETRY_SECONDS[min(attempt, len(PUBLISH_RETRY_SECONDS) - 1)]
             log.warning(
