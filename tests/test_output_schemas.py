@@ -9,7 +9,14 @@ import pytest
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-from worker.pipeline import Decision, SourceRecord, build_scorer
+from worker.pipeline import (
+    Decision,
+    InternalScoringError,
+    OutputTooLargeError,
+    SourceRecord,
+    build_scorer,
+    without_value,
+)
 from worker.settings import load_settings
 from worker.trace import ERROR_KINDS
 
@@ -68,4 +75,41 @@ def test_dead_letter_headers_follow_their_schema(routed) -> None:
 
 def test_error_kinds_in_schema_match_the_code() -> None:
     schema = orjson.loads((SCHEMAS / "dead-letter-headers.schema.json").read_bytes())
-    assert set(schema["properties"]["kp-error-kind"]["enum"]) == {*ERROR_KINDS, "internal"}
+    assert set(schema["properties"]["kp-error-kind"]["enum"]) == {
+        *ERROR_KINDS,
+        InternalScoringError.kind,
+        OutputTooLargeError.kind,
+    }
+
+
+def test_oversized_scored_output_is_dead_lettered_with_its_original_bytes() -> None:
+    scorer = build_scorer(load_settings(), use_embedder=False)
+    scorer.max_output_bytes = 2_000
+    line = EXAMPLES.read_bytes().splitlines()[0]
+    trace = orjson.loads(line)
+    trace["padding"] = "x" * 3_000  # valid (extra field), but the scored output is too big
+    value = orjson.dumps(trace)
+    (routed,) = scorer.score_batch([SourceRecord("raw", 0, 7, 1, b"k", value)]).routed
+    assert routed.decision is Decision.DEAD_LETTER
+    assert routed.value == value
+    headers = dict(routed.headers)
+    assert headers["kp-error-kind"] == b"output_too_large"
+    assert b"2000-byte publish limit" in headers["kp-error-reason"]
+    assert validator("dead-letter-headers.schema.json").is_valid(
+        {k: v.decode() for k, v in routed.headers}
+    )
+
+
+def test_a_record_too_large_to_publish_points_at_its_original(routed) -> None:
+    scored = next(r for r in routed if r.breakdown is not None)
+    dead = without_value(scored, 1_000)
+    assert dead.decision is Decision.DEAD_LETTER and dead.value is None
+    headers = {k: v.decode() for k, v in dead.headers}
+    assert headers["kp-error-kind"] == "output_too_large"
+    assert headers["kp-source-offset"] == str(scored.source.offset)
+    assert "kp-decision" not in headers
+    assert "publish limit" in headers["kp-value-omitted"]
+    assert validator("dead-letter-headers.schema.json").is_valid(headers)
+    too_big_input = next(r for r in routed if r.error is not None and r.error.kind == "too_large")
+    kept = without_value(too_big_input, 1_000)
+    assert dict(kept.headers)["kp-error-kind"] == b"too_large", "the original reason is kept"

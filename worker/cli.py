@@ -200,7 +200,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
-    settings = _settings()
+    settings = _checked_settings()  # a broken profiles file is a broken configuration too
     for name, value in settings.masked().items():
         print(f"{name} = {value}")
     return 0

@@ -96,11 +96,19 @@ class EmbeddedBroker:
     the parent's stdout.
     """
 
-    def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        log_path: Path | None = None,
+        advertised_port: int | None = None,
+    ) -> None:
         self._fixed_port = port is not None
         # Chosen now so that bootstrap_servers can be read before start(); if the port is
         # taken by the time the broker binds, start() moves to another one.
         self.port: int = port if port is not None else _free_loopback_port()
+        # The port clients are told to connect to (metadata); None = the listening port.
+        # Another one puts something in between, e.g. a fault-injecting proxy in tests.
+        self.advertised_port = advertised_port
         self._log_path_given = log_path
         self._log_path: Path | None = None
         self._log_offset = 0
@@ -193,6 +201,7 @@ class EmbeddedBroker:
     def _launch(self, binary: str) -> None:
         assert self._log_path is not None
         url = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port or self.port}"
         # Remember where this attempt's output starts: a given log file is appended to.
         self._log_offset = self._log_path.stat().st_size
         env = {**os.environ, "NO_COLOR": "1"}
@@ -204,7 +213,7 @@ class EmbeddedBroker:
                     "--listener-url",
                     url,
                     "--advertised-listener-url",
-                    url,
+                    advertised,
                     "--storage-engine",
                     _STORAGE_URL,
                 ],

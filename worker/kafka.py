@@ -14,10 +14,15 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    TopicAlreadyExistsError,
+)
 
 from worker import metrics
-from worker.pipeline import Decision, RoutedRecord, SourceRecord
+from worker.pipeline import Decision, RoutedRecord, SourceRecord, without_value
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -87,7 +92,7 @@ async def ensure_topics(settings: Settings, output_topics: Sequence[str]) -> int
             input_partitions = await partitions_of(settings, settings.input_topic) or 1
         partitions = settings.output_partitions or input_partitions
         to_create += [
-            NewTopic(name, partitions, settings.replication_factor)
+            _output_topic(name, partitions, settings)
             for name in output_topics
             if name not in existing
         ]
@@ -105,14 +110,20 @@ async def create_topics(settings: Settings, names: Sequence[str], partitions: in
         existing = set(await admin.list_topics())
         await _create(
             admin,
-            [
-                NewTopic(name, partitions, settings.replication_factor)
-                for name in names
-                if name not in existing
-            ],
+            [_output_topic(name, partitions, settings) for name in names if name not in existing],
         )
     finally:
         await admin.close()
+
+
+def _output_topic(name: str, partitions: int, settings: Settings) -> NewTopic:
+    # Kafka's default record limit (~1 MiB) is below what an output may need.
+    return NewTopic(
+        name,
+        partitions,
+        settings.replication_factor,
+        topic_configs={"max.message.bytes": str(settings.max_output_bytes + 65_536)},
+    )
 
 
 class TopicCreationError(KafkaError):
@@ -253,9 +264,11 @@ class Publisher:
             acks="all",
             linger_ms=2,
             max_batch_size=262_144,
-            max_request_size=max(1_048_576, settings.max_message_bytes + 65_536),
+            # Room for the largest output plus its headers and the batch framing.
+            max_request_size=settings.max_output_bytes + 65_536,
             request_timeout_ms=30_000,
         )
+        self._max_output_bytes = settings.max_output_bytes
 
         self._started = False
 
@@ -271,23 +284,34 @@ class Publisher:
     def topic_for(self, decision: Decision) -> str:
         return self._topics[decision]
 
+    async def _send(self, record: RoutedRecord) -> asyncio.Future[Any]:
+        try:
+            return await self._producer.send(
+                self._topics[record.decision],
+                value=record.value,
+                key=record.key,
+                headers=list(record.headers),
+            )
+        except MessageSizeTooLargeError:  # refused before sending: too large for the producer
+            return await self._send(without_value(record, self._max_output_bytes))
+
     async def publish(self, routed: Sequence[RoutedRecord]) -> None:
-        """Send all, then wait for every ack; retried until acknowledged (never dropped)."""
+        """Send all, then wait for every ack; retried until acknowledged (never dropped).
+
+        A record the broker refuses as too large is not retried as it is: it goes to the
+        dead-letter topic without its value, pointing at the original.
+        """
         pending = list(routed)
         attempt = 0
         while pending:
-            futures = [
-                await self._producer.send(
-                    self._topics[record.decision],
-                    value=record.value,
-                    key=record.key,
-                    headers=list(record.headers),
-                )
-                for record in pending
-            ]
+            futures = [await self._send(record) for record in pending]
             results = await asyncio.gather(*futures, return_exceptions=True)
             failed = [
-                r for r, res in zip(pending, results, strict=True) if isinstance(res, BaseException)
+                without_value(r, self._max_output_bytes)
+                if isinstance(res, MessageSizeTooLargeError | RecordTooLargeError)
+                else r
+                for r, res in zip(pending, results, strict=True)
+                if isinstance(res, BaseException)
             ]
             if not failed:
                 return

@@ -43,6 +43,15 @@ class InternalScoringError(TraceError):
     kind = "internal"
 
 
+class OutputTooLargeError(TraceError):
+    """A valid trace whose scored output would exceed the publish limit."""
+
+    kind = "output_too_large"
+
+
+DEFAULT_MAX_OUTPUT_BYTES = 2_097_152
+
+
 @dataclass(frozen=True, slots=True)
 class SourceRecord:
     """One input record as read from the log (or a line of a file, offline)."""
@@ -121,6 +130,7 @@ class Scorer:
         embedder: Embedder | None,
         max_message_bytes: int = DEFAULT_MAX_BYTES,
         embedder_reason: str | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> None:
         self.profiles = profiles
         self.thresholds = thresholds
@@ -128,6 +138,7 @@ class Scorer:
         self.embedder = embedder
         self.embedder_reason = embedder_reason
         self.max_message_bytes = max_message_bytes
+        self.max_output_bytes = max_output_bytes
 
     @property
     def model_id(self) -> str | None:
@@ -196,6 +207,14 @@ class Scorer:
             threshold = self.thresholds.for_domain(item.domain)
             decision = Decision.ACCEPTED if breakdown.score >= threshold else Decision.REJECTED
             value = self._scored_value(record, item, breakdown, threshold, decision)
+            if len(value) > self.max_output_bytes:
+                return self.dead_letter(
+                    record,
+                    OutputTooLargeError(
+                        f"scored output would be {len(value)} bytes, over the "
+                        f"{self.max_output_bytes}-byte publish limit (KP_MAX_OUTPUT_BYTES)"
+                    ),
+                )
         except Exception as exc:  # a bug must not lose the record: it goes to dead-letter
             log.exception("scoring failed", extra={"source_offset": record.offset})
             return self.dead_letter(record, InternalScoringError(f"scoring failed: {exc!r}"[:300]))
@@ -243,21 +262,11 @@ class Scorer:
 
     def dead_letter(self, record: SourceRecord, error: TraceError) -> RoutedRecord:
         """Original bytes untouched; the why and the where in headers."""
-        headers = (
-            *record.headers,
-            (f"{HEADER_PREFIX}error-kind", error.kind.encode()),
-            (f"{HEADER_PREFIX}error-reason", error.reason[:500].encode("utf-8", "replace")),
-            (f"{HEADER_PREFIX}source-topic", record.topic.encode()),
-            (f"{HEADER_PREFIX}source-partition", str(record.partition).encode()),
-            (f"{HEADER_PREFIX}source-offset", str(record.offset).encode()),
-            (f"{HEADER_PREFIX}source-timestamp", str(record.timestamp_ms).encode()),
-            (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
-        )
         return RoutedRecord(
             source=record,
             decision=Decision.DEAD_LETTER,
             value=record.value,
-            headers=headers,
+            headers=(*record.headers, *dead_letter_headers(record, error)),
             domain_label=OTHER_DOMAIN,
             error=error,
         )
@@ -297,6 +306,42 @@ class Scorer:
         return len(live)
 
 
+def dead_letter_headers(record: SourceRecord, error: TraceError) -> tuple[tuple[str, bytes], ...]:
+    return (
+        (f"{HEADER_PREFIX}error-kind", error.kind.encode()),
+        (f"{HEADER_PREFIX}error-reason", error.reason[:500].encode("utf-8", "replace")),
+        (f"{HEADER_PREFIX}source-topic", record.topic.encode()),
+        (f"{HEADER_PREFIX}source-partition", str(record.partition).encode()),
+        (f"{HEADER_PREFIX}source-offset", str(record.offset).encode()),
+        (f"{HEADER_PREFIX}source-timestamp", str(record.timestamp_ms).encode()),
+        (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
+    )
+
+
+def without_value(routed: RoutedRecord, limit: int) -> RoutedRecord:
+    """A record too large to publish, as a dead letter that points at the original instead.
+
+    Nothing is lost: the source headers locate the original in the input topic.
+    """
+    size = len(routed.value or b"")
+    error = routed.error or OutputTooLargeError(
+        f"output of {size} bytes is over the {limit}-byte publish limit"
+    )
+    omitted = (
+        f"{HEADER_PREFIX}value-omitted",
+        f"{size} bytes, over the {limit}-byte publish limit; read the original at the "
+        f"source topic/partition/offset".encode(),
+    )
+    return RoutedRecord(
+        source=routed.source,
+        decision=Decision.DEAD_LETTER,
+        value=None,
+        headers=(*routed.source.headers, *dead_letter_headers(routed.source, error), omitted),
+        domain_label=OTHER_DOMAIN,
+        error=error,
+    )
+
+
 def source_json(record: SourceRecord) -> dict[str, Any]:
     return {
         "topic": record.topic,
@@ -324,4 +369,5 @@ def build_scorer(settings: Settings, *, use_embedder: bool = True) -> Scorer:
         embedder=embedder,
         max_message_bytes=settings.max_message_bytes,
         embedder_reason=reason,
+        max_output_bytes=settings.max_output_bytes,
     )

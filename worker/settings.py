@@ -70,6 +70,9 @@ class Settings(BaseSettings):
 
     # Input limits
     max_message_bytes: PositiveInt = 1_048_576
+    # Largest record published. A scored output over it goes to dead-letter as
+    # output_too_large; a dead letter over it is published without its value.
+    max_output_bytes: PositiveInt = 2_097_152
 
     # Scoring
     profiles_file: Path | None = None
@@ -136,6 +139,10 @@ class Settings(BaseSettings):
         ):
             raise ValueError(
                 "SASL security needs KP_SASL_MECHANISM, KP_SASL_USERNAME and KP_SASL_PASSWORD"
+            )
+        if self.max_output_bytes <= self.max_message_bytes:
+            raise ValueError(
+                "KP_MAX_OUTPUT_BYTES must exceed KP_MAX_MESSAGE_BYTES (outputs carry the input)"
             )
         if self.heartbeat_interval_seconds >= self.session_timeout_seconds:
             raise ValueError(
