@@ -1,0 +1,347 @@
+"""Broker faults: connections cut mid-stream, and no broker at all at start-up.
+
+Cuts go through ``tcp_proxy.TcpProxy`` in front of a dedicated embedded broker that
+advertises the proxy's address, so every client connection (the worker's and the test's)
+passes through the proxy; a cut is a broker outage as everyone sees it. The test producer
+stamps each record with its intended creation time and retries until acknowledged, so
+records "created" during the outage reach the worker late, and the worker's lag metrics
+(``kp_consumer_lag_seconds``: now minus the last processed record's timestamp) show it.
+Accounting is by unique trace id (a retried produce may duplicate an input record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from kafka_helpers import create_topics
+from tcp_proxy import TcpProxy, free_loopback_port
+from worker_process import WorkerProcess
+
+from worker.embedded_broker import EmbeddedBroker
+
+pytestmark = pytest.mark.broker
+
+PARTITIONS = 2
+RATE_PER_SECOND = 20.0
+CAUGHT_UP_LAG_SECONDS = 3.0
+
+
+@pytest.fixture(scope="module")
+def proxied() -> Iterator[tuple[TcpProxy, str]]:
+    """A dedicated broker reachable only through a proxy: (proxy, bootstrap via the proxy)."""
+    proxy_port = free_loopback_port()
+    with (
+        EmbeddedBroker(advertised_port=proxy_port) as broker,
+        TcpProxy(broker.port, port=proxy_port) as proxy,
+    ):
+        yield proxy, f"127.0.0.1:{proxy_port}"
+
+
+def trace(i: int, tag: str) -> bytes:
+    return orjson.dumps(
+        {
+            "@context": "https://openknowledgepulse.org/schema/v1",
+            "@type": "ReasoningTrace",
+            "id": f"kp:trace:{tag}-{i:06d}",
+            "metadata": {
+                "created_at": "2025-01-15T12:00:00Z",
+                "task_domain": "code",
+                "success": True,
+                "quality_score": 0,
+                "visibility": "org",
+                "privacy_level": "federated",
+            },
+            "task": {"objective": f"Ticket {i}"},
+            "steps": [
+                {"step_id": 0, "type": "thought", "content": f"look {i % 53}"},
+                {"step_id": 1, "type": "tool_call", "tool": {"name": "kb"}},
+            ],
+            "outcome": {"result_summary": "ok", "confidence": 0.9},
+        }
+    )
+
+
+def topics_env(prefix: str) -> dict[str, str]:
+    return {
+        "KP_INPUT_TOPIC": f"{prefix}.raw",
+        "KP_ACCEPTED_TOPIC": f"{prefix}.accepted",
+        "KP_REJECTED_TOPIC": f"{prefix}.rejected",
+        "KP_DEAD_LETTER_TOPIC": f"{prefix}.dead-letter",
+        "KP_GROUP_ID": f"{prefix}-group",
+        "KP_INPUT_PARTITIONS": str(PARTITIONS),
+    }
+
+
+class SteadyProducer(threading.Thread):
+    """Creates ``count`` traces at ``rate``/s, each stamped with its creation time, and sends
+    them, retrying failed sends (same timestamp) until the broker acknowledges them."""
+
+    def __init__(self, bootstrap: str, topic: str, count: int, tag: str) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.count, self.tag = bootstrap, topic, count, tag
+        self.acked = 0
+        self.failed_sends = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+    async def _run(self) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            acks="all",
+            linger_ms=5,
+            request_timeout_ms=3000,
+            retry_backoff_ms=200,
+        )
+        await producer.start()
+        try:
+            start_ms = time.time() * 1000
+            started = time.monotonic()
+            created = 0
+            pending: list[int] = []
+            while self.acked < self.count:
+                due = min(self.count, int((time.monotonic() - started) * RATE_PER_SECOND) + 1)
+                pending += range(created, due)
+                created = due
+                if pending:
+                    pending = await self._send(producer, pending[:500], start_ms) + pending[500:]
+                await asyncio.sleep(0.05)
+        finally:
+            await producer.stop()
+
+    async def _send(self, producer: AIOKafkaProducer, indexes: list[int], start_ms: float):
+        futures = []
+        try:
+            for i in indexes:
+                futures.append(
+                    await producer.send(
+                        self.topic,
+                        value=trace(i, self.tag),
+                        key=f"k{i}".encode(),
+                        partition=i % PARTITIONS,
+                        timestamp_ms=int(start_ms + i * 1000 / RATE_PER_SECOND),
+                    )
+                )
+        except Exception:
+            self.failed_sends += 1
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        failed = [i for i, r in zip(indexes, results, strict=False) if isinstance(r, BaseException)]
+        failed += indexes[len(futures) :]
+        self.acked += len(indexes) - len(failed)
+        if failed:
+            self.failed_sends += 1
+            await asyncio.sleep(0.5)
+        return failed
+
+
+@dataclass
+class Sample:
+    at: float
+    lag_seconds: float
+    lag_records: float
+    records: float
+
+
+class MetricsSampler(threading.Thread):
+    """Scrapes the worker's /metrics every ``interval`` seconds."""
+
+    def __init__(self, port: int, interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.port, self.interval = port, interval
+        self.samples: list[Sample] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/metrics", timeout=1
+                ) as response:
+                    text = response.read().decode()
+            except OSError:
+                continue
+            self.samples.append(
+                Sample(
+                    time.monotonic(),
+                    _max(text, "kp_consumer_lag_seconds"),
+                    _max(text, "kp_consumer_lag_records"),
+                    sum(_values(text, "kp_records_total")),
+                )
+            )
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(5)
+
+
+def _values(text: str, name: str) -> list[float]:
+    return [float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M)]
+
+
+def _max(text: str, name: str) -> float:
+    return max(_values(text, name), default=0.0)
+
+
+async def _ids_out(
+    bootstrap: str, topics: list[str], wanted: set[str], timeout: float
+) -> dict[str, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    seen: dict[str, int] = {}
+    try:
+        await consumer._client.force_metadata_update()
+        partitions = [
+            TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()
+        ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not wanted <= set(seen):
+            for messages in (await consumer.getmany(timeout_ms=300)).values():
+                for m in messages:
+                    key = orjson.loads(m.value)["trace"]["id"] if m.value else f"dead:{m.key}"
+                    seen[key] = seen.get(key, 0) + 1
+    finally:
+        await consumer.stop()
+    return seen
+
+
+def run_outage(proxied: tuple[TcpProxy, str], cut_after: float, cut_for: float, count: int):
+    proxy, bootstrap = proxied
+    prefix = f"fault-{uuid.uuid4().hex[:8]}"
+    env = topics_env(prefix)
+    create_topics(bootstrap, [env["KP_INPUT_TOPIC"]], partitions=PARTITIONS)
+    with WorkerProcess(bootstrap, **env) as worker:
+        worker.wait_ready(timeout=120)
+        sampler = MetricsSampler(worker.metrics_port)
+        sampler.start()
+        producer = SteadyProducer(bootstrap, env["KP_INPUT_TOPIC"], count, prefix)
+        producer.start()
+        time.sleep(cut_after)
+        cut_at = time.monotonic()
+        connections = proxy.outage(cut_for)
+        restored_at = time.monotonic()
+        producer.join(timeout=count / RATE_PER_SECOND + cut_for + 120)
+        assert not producer.is_alive(), "the test producer did not finish"
+        assert producer.error is None, producer.error
+        wanted = {f"kp:trace:{prefix}-{i:06d}" for i in range(count)}
+        outputs = [
+            env[k] for k in ("KP_ACCEPTED_TOPIC", "KP_REJECTED_TOPIC", "KP_DEAD_LETTER_TOPIC")
+        ]
+        seen = asyncio.run(_ids_out(bootstrap, outputs, wanted, timeout=180))
+        time.sleep(1.0)
+        sampler.stop()
+        alive = worker.process is not None and worker.process.poll() is None
+        events = worker.events()
+        log_text = worker.log_text()
+    samples = sampler.samples
+    before = [s for s in samples if s.at < cut_at]
+    after = [s for s in samples if s.at >= restored_at]
+    base = max((s.records for s in samples if s.at < restored_at), default=0.0)
+    first_output = next((s.at - restored_at for s in after if s.records > base), None)
+    peak = max(after, key=lambda s: s.lag_seconds, default=None)
+    caught_up = next(
+        (
+            s.at - restored_at
+            for s in after
+            if peak is not None and s.at > peak.at and s.lag_seconds < CAUGHT_UP_LAG_SECONDS
+        ),
+        None,
+    )
+    figures = {
+        "connections_cut": connections,
+        "lag_s_before_cut_max": max((s.lag_seconds for s in before), default=None),
+        "lag_s_peak_after_restore": peak.lag_seconds if peak else None,
+        "lag_records_peak_after_restore": max((s.lag_records for s in after), default=None),
+        "first_new_output_after_restore_s": first_output,
+        "caught_up_after_restore_s": caught_up,
+        "lag_s_final": samples[-1].lag_seconds if samples else None,
+        "producer_failed_sends": producer.failed_sends,
+        "lost": len(wanted - set(seen)),
+        "duplicates": sum(v - 1 for v in seen.values()),
+        "crashed": [str(e["event"]) for e in events if "Crashed" in str(e.get("event"))],
+        "ready_events": sum(1 for e in events if e.get("event") == "scorer ready"),
+        "alive": alive,
+        "warnings": sorted(
+            {str(e["event"])[:80] for e in events if e.get("level") in ("warning", "error")}
+        ),
+        "tracebacks": log_text.count("Traceback"),
+    }
+    return figures, wanted - set(seen)
+
+
+def _print(figures: dict[str, object], cut_for: float) -> None:
+    print(f"\noutage of {cut_for:g} s:")
+    for name, value in figures.items():
+        print(f"  {name}: {value}")
+
+
+def _assert_recovered(figures: dict, lost: set[str], cut_for: float) -> None:
+    assert not figures["crashed"], figures["crashed"]
+    assert figures["alive"] and figures["ready_events"] == 1, "recovers by itself, no restart"
+    assert not lost, f"lost {len(lost)}: {sorted(lost)[:5]}"
+    assert figures["lag_s_peak_after_restore"] >= cut_for * 0.5, "lag shows the outage"
+    assert figures["caught_up_after_restore_s"] is not None, "lag returns to ~0"
+    assert figures["lag_s_final"] < CAUGHT_UP_LAG_SECONDS
+
+
+def test_short_outage_recovers_without_loss(proxied) -> None:
+    cut_for = 5.0
+    figures, lost = run_outage(proxied, cut_after=3.0, cut_for=cut_for, count=200)
+    _print(figures, cut_for)
+    _assert_recovered(figures, lost, cut_for)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_thirty_second_outage_recovers_without_loss(proxied) -> None:
+    cut_for = 30.0
+    figures, lost = run_outage(proxied, cut_after=15.0, cut_for=cut_for, count=1500)
+    _print(figures, cut_for)
+    _assert_recovered(figures, lost, cut_for)
+
+
+# -- no broker at start-up --------------------------------------------------------------------
+
+
+def test_unreachable_broker_at_start_is_retried_until_it_appears(new_topic_name) -> None:
+    port = free_loopback_port()  # closed: nothing listens there until the broker starts
+    env = topics_env(new_topic_name("unreach"))
+    started = time.monotonic()
+    with WorkerProcess(f"127.0.0.1:{port}", **env) as worker:
+        worker.wait_for_event("Kafka unreachable; retrying", timeout=60, count=3)
+        waited = time.monotonic() - started
+        retries = [e for e in worker.events() if e.get("event") == "Kafka unreachable; retrying"]
+        assert worker.process is not None and worker.process.poll() is None, "keeps running"
+        with EmbeddedBroker(port=port):
+            appeared = time.monotonic()
+            worker.wait_for_event("scorer ready", timeout=60)
+            ready_after = time.monotonic() - appeared
+            worker.wait_ready(timeout=60)
+            worker.stop()  # before the broker goes away again
+        text = worker.log_text()
+    delays = [e.get("retry_in_s") for e in retries]
+    print(
+        f"\n{len(retries)} 'Kafka unreachable; retrying' errors in {waited:.1f} s, "
+        f"retry_in_s {delays}; levels {sorted({e.get('level') for e in retries})}; "
+        f"broker appeared -> 'scorer ready' in {ready_after:.1f} s; "
+        f"example: {orjson.dumps(retries[0]).decode()[:300]}"
+    )
+    assert all(e.get("level") == "error" for e in retries)
+    assert all(e.get("bootstrap_servers") == f"127.0.0.1:{port}" for e in retries)
+    assert delays == sorted(delays) and delays[0] < delays[-1], "backoff grows"
+    assert "Traceback" not in text, "a clear error, not a traceback"

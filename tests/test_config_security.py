@@ -1,0 +1,451 @@
+"""Configuration errors, SASL/SSL pass-through, secret masking, and no trace contents in logs.
+
+- Every invalid setting stops ``kp-scorer worker`` and ``kp-scorer settings`` with exit code 2
+  and one error on stderr that names the variable: no traceback, nothing started.
+- SASL and SSL settings reach every Kafka client (aiokafka and Faust), and ``settings``
+  prints the password masked.
+- A worker at INFO never writes a trace's contents to its log (a unique marker is planted
+  in every text field of valid and malformed traces).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import orjson
+import pytest
+from kafka_helpers import consume_all, create_topics, produce
+from worker_process import WorkerProcess
+
+from worker.kafka import client_config
+from worker.settings import load_settings
+
+PASSWORD = "pw-" + uuid.uuid4().hex
+COMMAND_TIMEOUT_SECONDS = 60
+
+
+def _ca_file() -> Path | None:
+    try:
+        import certifi
+
+        return Path(certifi.where())
+    except ImportError:
+        found = ssl.get_default_verify_paths().cafile
+        return Path(found) if found else None
+
+
+CA_FILE = _ca_file()
+
+
+def _clean_env(**env: str) -> dict[str, str]:
+    """The parent's environment without any kp-scorer settings, plus ``env``."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("KP_") and k != "KAFKA_BOOTSTRAP_SERVERS"
+    }
+    return {**base, "PYTHONUNBUFFERED": "1", **env}
+
+
+def run_cli(command: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", command],
+        env=_clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_SECONDS,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+# -- invalid settings -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def profiles_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("profiles")
+    files = {
+        "sum_not_one": {
+            "default": {"complexity": 0.5, "novelty": 0.5, "tool_diversity": 0.5, "outcome": 0.5}
+        },
+        "no_default": {
+            "code": {"complexity": 0.25, "novelty": 0.25, "tool_diversity": 0.25, "outcome": 0.25}
+        },
+        "missing_weight": {"default": {"complexity": 0.5, "novelty": 0.5}},
+    }
+    out = {}
+    for name, content in files.items():
+        out[name] = folder / f"{name}.json"
+        out[name].write_bytes(orjson.dumps(content))
+    out["not_json"] = folder / "not_json.json"
+    out["not_json"].write_text("default: {complexity: 1}")
+    return out
+
+
+# name -> (environment, the variable the error must name)
+BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
+    "threshold_above_1": ({"KP_ACCEPT_THRESHOLD": "2"}, "KP_ACCEPT_THRESHOLD"),
+    "threshold_not_a_number": ({"KP_ACCEPT_THRESHOLD": "high"}, "KP_ACCEPT_THRESHOLD"),
+    "batch_zero": ({"KP_BATCH_MAX_RECORDS": "0"}, "KP_BATCH_MAX_RECORDS"),
+    "bootstrap_without_port": (
+        {"KAFKA_BOOTSTRAP_SERVERS": "nohostport"},
+        "KAFKA_BOOTSTRAP_SERVERS",
+    ),
+    "bootstrap_bad_second_server": (
+        {"KAFKA_BOOTSTRAP_SERVERS": "localhost:9092,broker2"},
+        "KAFKA_BOOTSTRAP_SERVERS",
+    ),
+    "profiles_file_missing": ({"KP_PROFILES_FILE": "/nonexistent/p.json"}, "KP_PROFILES_FILE"),
+    "profiles_sum_not_one": ({"KP_PROFILES_FILE": "@sum_not_one"}, "KP_PROFILES_FILE"),
+    "profiles_no_default": ({"KP_PROFILES_FILE": "@no_default"}, "KP_PROFILES_FILE"),
+    "profiles_missing_weight": ({"KP_PROFILES_FILE": "@missing_weight"}, "KP_PROFILES_FILE"),
+    "profiles_not_json": ({"KP_PROFILES_FILE": "@not_json"}, "KP_PROFILES_FILE"),
+    "sasl_ssl_without_credentials": ({"KP_SECURITY_PROTOCOL": "SASL_SSL"}, "KP_SASL_PASSWORD"),
+    "sasl_without_password": (
+        {
+            "KP_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "KP_SASL_MECHANISM": "PLAIN",
+            "KP_SASL_USERNAME": "alice",
+        },
+        "KP_SASL_PASSWORD",
+    ),
+    "security_protocol_unknown": ({"KP_SECURITY_PROTOCOL": "TLS"}, "KP_SECURITY_PROTOCOL"),
+    "sasl_mechanism_unknown": ({"KP_SASL_MECHANISM": "GSSAPI"}, "KP_SASL_MECHANISM"),
+    "ssl_cafile_missing": ({"KP_SSL_CAFILE": "/nonexistent/ca.pem"}, "KP_SSL_CAFILE"),
+    "input_equals_accepted": (
+        {"KP_INPUT_TOPIC": "same", "KP_ACCEPTED_TOPIC": "same"},
+        "KP_INPUT_TOPIC",
+    ),
+    "rejected_equals_dead_letter": (
+        {"KP_REJECTED_TOPIC": "same", "KP_DEAD_LETTER_TOPIC": "same"},
+        "KP_DEAD_LETTER_TOPIC",
+    ),
+    "domain_threshold_above_1": ({"KP_DOMAIN_THRESHOLDS": '{"x": 3}'}, "KP_DOMAIN_THRESHOLDS"),
+    "domain_thresholds_not_json": ({"KP_DOMAIN_THRESHOLDS": "x=0.5"}, "KP_DOMAIN_THRESHOLDS"),
+    "domain_thresholds_array": ({"KP_DOMAIN_THRESHOLDS": "[0.5]"}, "KP_DOMAIN_THRESHOLDS"),
+    "log_level_unknown": ({"KP_LOG_LEVEL": "LOUD"}, "KP_LOG_LEVEL"),
+    "metrics_port_out_of_range": ({"KP_METRICS_PORT": "70000"}, "KP_METRICS_PORT"),
+    "cache_capacity_negative": ({"KP_CACHE_CAPACITY": "-1"}, "KP_CACHE_CAPACITY"),
+    "cache_ttl_zero": ({"KP_CACHE_TTL_SECONDS": "0"}, "KP_CACHE_TTL_SECONDS"),
+    "max_message_bytes_text": ({"KP_MAX_MESSAGE_BYTES": "1MB"}, "KP_MAX_MESSAGE_BYTES"),
+    "embedder_required_not_bool": ({"KP_EMBEDDER_REQUIRED": "maybe"}, "KP_EMBEDDER_REQUIRED"),
+    "model_path_missing": ({"KP_MODEL_PATH": "/nonexistent/model.onnx"}, "KP_MODEL_PATH"),
+    "heartbeat_not_below_session": (
+        {"KP_SESSION_TIMEOUT_SECONDS": "1", "KP_HEARTBEAT_INTERVAL_SECONDS": "1"},
+        "KP_HEARTBEAT_INTERVAL_SECONDS",
+    ),
+}
+COMMANDS = ("worker", "settings")
+# Also run as real processes (the rest in-process: the same code, much faster).
+SUBPROCESS_CASES = (
+    "threshold_above_1",
+    "bootstrap_without_port",
+    "profiles_sum_not_one",
+    "sasl_ssl_without_credentials",
+    "input_equals_accepted",
+    "domain_threshold_above_1",
+    "domain_thresholds_not_json",
+    "log_level_unknown",
+)
+
+
+def _env_for(case: str, profiles_files: dict[str, Path]) -> dict[str, str]:
+    env = dict(BAD_SETTINGS[case][0])
+    for key, value in env.items():
+        if value.startswith("@"):
+            env[key] = str(profiles_files[value[1:]])
+    # A worker that wrongly accepted its settings must not find a broker.
+    env.setdefault("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    return env
+
+
+@pytest.fixture(scope="module")
+def cli_results(profiles_files: dict[str, Path]) -> dict[tuple[str, str], object]:
+    """The subprocess cases through both commands, in parallel (each a fresh interpreter)."""
+    jobs = [(case, command) for case in SUBPROCESS_CASES for command in COMMANDS]
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = dict(
+            zip(
+                jobs,
+                pool.map(lambda job: _run_timed(job[1], _env_for(job[0], profiles_files)), jobs),
+                strict=True,
+            )
+        )
+    print(
+        f"\n{len(jobs)} bad-configuration processes in {time.monotonic() - started:.1f} s "
+        f"(slowest {max(r[1] for r in results.values()):.1f} s)"
+    )
+    return results
+
+
+def _run_timed(command: str, env: dict[str, str]) -> tuple[object, float]:
+    started = time.monotonic()
+    try:
+        result: object = run_cli(command, **env)
+    except subprocess.TimeoutExpired as exc:
+        result = exc
+    return result, time.monotonic() - started
+
+
+def _names(text: str, variable: str) -> bool:
+    """``variable`` appears as a whole name (KAFKA_BOOTSTRAP_SERVERS is not KP_KAFKA_...)."""
+    return re.search(rf"(?<![A-Z_]){re.escape(variable)}(?![A-Z_])", text) is not None
+
+
+def _assert_one_clear_error(code: object, stdout: str, stderr: str, variable: str) -> None:
+    assert code == 2, f"exit {code}; stderr:\n{stderr[-2000:]}"
+    assert "Traceback" not in stderr + stdout, stderr[-2000:]
+    assert _names(stderr, variable), f"error does not name {variable}:\n{stderr}"
+    assert stderr.count("kp-scorer:") == 1, f"one error, not several:\n{stderr}"
+    assert stdout == "", "nothing printed, nothing started"
+
+
+class _WorkerStarted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", sorted(BAD_SETTINGS))
+def test_bad_setting_is_one_clear_startup_error(
+    case: str,
+    command: str,
+    profiles_files: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """In-process ``kp-scorer <command>`` (the CLI's own main) with the bad environment."""
+    from worker import app, cli
+
+    for name in [k for k in os.environ if k.startswith("KP_") or k == "KAFKA_BOOTSTRAP_SERVERS"]:
+        monkeypatch.delenv(name)
+    for name, value in _env_for(case, profiles_files).items():
+        monkeypatch.setenv(name, value)
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise _WorkerStarted
+
+    monkeypatch.setattr(app, "create_app", started)  # never run a worker here
+    try:
+        code: object = cli.main([command])
+    except SystemExit as exited:
+        code = exited.code
+    captured = capsys.readouterr()
+    _assert_one_clear_error(code, captured.out, captured.err, BAD_SETTINGS[case][1])
+    if command == "worker":
+        print(f"\n{case}: {' '.join(captured.err.split())[:200]}")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", SUBPROCESS_CASES)
+def test_bad_setting_stops_the_real_command(cli_results, case: str, command: str) -> None:
+    result, _ = cli_results[(case, command)]
+    assert isinstance(result, subprocess.CompletedProcess), (
+        f"`kp-scorer {command}` did not exit within {COMMAND_TIMEOUT_SECONDS} s"
+    )
+    _assert_one_clear_error(result.returncode, result.stdout, result.stderr, BAD_SETTINGS[case][1])
+
+
+def test_valid_settings_print_and_exit_zero() -> None:
+    result = run_cli("settings", KP_ACCEPT_THRESHOLD="0.6", KP_DOMAIN_THRESHOLDS='{"code": 0.8}')
+    assert result.returncode == 0, result.stderr
+    assert "accept_threshold = 0.6" in result.stdout
+    assert "'code': 0.8" in result.stdout
+
+
+# -- SASL / SSL pass-through and masking ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a client certificate")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "client.pem", folder / "client.key"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=kp-scorer-test", "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.mark.skipif(CA_FILE is None, reason="no CA bundle on this machine")
+def test_sasl_ssl_settings_reach_the_kafka_clients() -> None:
+    settings = load_settings(
+        kafka_bootstrap_servers="broker.example:9093",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="alice",
+        sasl_password=PASSWORD,
+        ssl_cafile=CA_FILE,
+    )
+    config = client_config(settings)
+    assert config["bootstrap_servers"] == "broker.example:9093"
+    assert config["security_protocol"] == "SASL_SSL"
+    assert config["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert config["sasl_plain_username"] == "alice"
+    assert config["sasl_plain_password"] == PASSWORD
+    context = config["ssl_context"]
+    assert isinstance(context, ssl.SSLContext)
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    assert context.cert_store_stats()["x509_ca"] > 0, "the CA file was loaded"
+
+    # Faust's own consumer and producer get the same, through broker_credentials.
+    from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+
+    from worker.app import _credentials
+
+    auth = credentials_to_aiokafka_auth(_credentials(settings))
+    assert auth["security_protocol"] == "SASL_SSL"
+    assert auth["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert auth["sasl_plain_username"] == "alice"
+    assert auth["sasl_plain_password"] == PASSWORD
+    assert isinstance(auth["ssl_context"], ssl.SSLContext)
+    print(
+        f"\nSASL_SSL: client_config keys {sorted(config)}; faust auth "
+        f"{sorted(auth)}; CA certificates loaded: {context.cert_store_stats()['x509_ca']}"
+    )
+
+
+def test_sasl_plaintext_has_no_ssl_context() -> None:
+    settings = load_settings(
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username="bob",
+        sasl_password=PASSWORD,
+    )
+    config = client_config(settings)
+    assert config["security_protocol"] == "SASL_PLAINTEXT"
+    assert (config["sasl_mechanism"], config["sasl_plain_username"]) == ("PLAIN", "bob")
+    assert config["sasl_plain_password"] == PASSWORD
+    assert "ssl_context" not in config
+
+
+def test_ssl_with_client_certificate(client_cert: tuple[Path, Path]) -> None:
+    cert, key = client_cert
+    settings = load_settings(
+        security_protocol="SSL", ssl_cafile=cert, ssl_certfile=cert, ssl_keyfile=key
+    )
+    config = client_config(settings)
+    assert config["security_protocol"] == "SSL"
+    assert isinstance(config["ssl_context"], ssl.SSLContext)
+    assert not any(k.startswith("sasl") for k in config)
+
+    from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+
+    from worker.app import _credentials
+
+    assert credentials_to_aiokafka_auth(_credentials(settings))["security_protocol"] == "SSL"
+
+
+@pytest.mark.skipif(CA_FILE is None, reason="no CA bundle on this machine")
+def test_settings_command_masks_the_password() -> None:
+    result = run_cli(
+        "settings",
+        KP_SECURITY_PROTOCOL="SASL_SSL",
+        KP_SASL_MECHANISM="SCRAM-SHA-256",
+        KP_SASL_USERNAME="alice",
+        KP_SASL_PASSWORD=PASSWORD,
+        KP_SSL_CAFILE=str(CA_FILE),
+    )
+    assert result.returncode == 0, result.stderr
+    assert PASSWORD not in result.stdout + result.stderr
+    password_lines = [line for line in result.stdout.splitlines() if "sasl_password" in line]
+    assert password_lines == ["sasl_password = **********"], password_lines
+    assert "sasl_username = alice" in result.stdout
+    assert "security_protocol = SASL_SSL" in result.stdout
+    print(f"\n`kp-scorer settings` shows: {password_lines[0]}")
+    # In-process too: the printable form never holds the secret.
+    settings = load_settings(
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username="a",
+        sasl_password=PASSWORD,
+    )
+    assert PASSWORD not in repr(settings.masked()) and PASSWORD not in repr(settings)
+
+
+# -- the worker's log never holds trace contents ---------------------------------------------------
+
+
+@pytest.mark.broker
+def test_worker_log_never_contains_trace_contents(kafka_bootstrap: str) -> None:
+    marker = f"MARKER{uuid.uuid4().hex}"
+    prefix = f"logs-{uuid.uuid4().hex[:8]}"
+    env = {
+        "KP_INPUT_TOPIC": f"{prefix}.raw",
+        "KP_ACCEPTED_TOPIC": f"{prefix}.accepted",
+        "KP_REJECTED_TOPIC": f"{prefix}.rejected",
+        "KP_DEAD_LETTER_TOPIC": f"{prefix}.dead-letter",
+        "KP_GROUP_ID": f"{prefix}-group",
+        "KP_INPUT_PARTITIONS": "1",
+        "KP_LOG_LEVEL": "INFO",
+    }
+    valid = {
+        "@context": "https://openknowledgepulse.org/schema/v1",
+        "@type": "ReasoningTrace",
+        "id": f"kp:trace:{marker}",
+        "metadata": {
+            "created_at": "2025-01-15T12:00:00Z",
+            "task_domain": f"{marker}-domain",
+            "success": True,
+            "quality_score": 0,
+            "visibility": "private",
+            "privacy_level": "private",
+            "agent_id": marker,
+            "framework": marker,
+        },
+        "task": {"objective": f"Objective {marker}", "input_schema": {marker: marker}},
+        "steps": [
+            {"step_id": 0, "type": "thought", "content": f"secret thought {marker}"},
+            {
+                "step_id": 1,
+                "type": "tool_call",
+                "tool": {"name": marker, "mcp_server": marker},
+                "input": {"q": marker},
+                "output_summary": marker,
+            },
+        ],
+        "outcome": {"result_summary": marker, "confidence": 0.7},
+        "x_extra": marker,
+    }
+    schema_invalid = {**valid, "metadata": {**valid["metadata"], "visibility": marker}}
+    inputs = [
+        orjson.dumps(valid),
+        orjson.dumps(schema_invalid),
+        f'{{"id": "{marker}", '.encode(),  # invalid JSON
+        f'{{"{marker}": 1, "{marker}": 2}}'.encode(),  # duplicate key
+        orjson.dumps({**valid, "steps": [{"step_id": -1, "type": marker}]}),
+    ]
+    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=1)
+    produce(kafka_bootstrap, env["KP_INPUT_TOPIC"], [(b"k", v, 0, None) for v in inputs])
+    with WorkerProcess(kafka_bootstrap, **env) as worker:
+        dead = consume_all(kafka_bootstrap, env["KP_DEAD_LETTER_TOPIC"], 4, timeout=90)
+        scored = []
+        deadline = time.monotonic() + 30
+        while not scored and time.monotonic() < deadline:
+            for topic in (env["KP_ACCEPTED_TOPIC"], env["KP_REJECTED_TOPIC"]):
+                scored += consume_all(kafka_bootstrap, topic, 0, extra_wait=0.5)
+        worker.stop()
+        log = worker.log_text()
+    assert len(dead) == 4 and len(scored) == 1, "every input was processed"
+    assert marker.encode() in scored[0].value, "the output does carry the contents"
+    lines = [line for line in log.splitlines() if marker in line]
+    print(
+        f"\nworker log: {len(log.splitlines())} lines, {len(log):,} chars at INFO; "
+        f"lines containing the marker: {len(lines)}"
+    )
+    assert not lines, "trace contents in the log:\n" + "\n".join(lines[:5])
