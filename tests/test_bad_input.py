@@ -31,7 +31,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from kafka_helpers import create_topics
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, worker_topics
 
 from worker import trace as trace_module
 from worker.novelty import PartitionCaches
@@ -235,14 +235,7 @@ class Out:
 
 
 def _topics(prefix: str, partitions: int) -> dict[str, str]:
-    return {
-        "KP_INPUT_TOPIC": f"{prefix}.raw",
-        "KP_ACCEPTED_TOPIC": f"{prefix}.accepted",
-        "KP_REJECTED_TOPIC": f"{prefix}.rejected",
-        "KP_DEAD_LETTER_TOPIC": f"{prefix}.dead-letter",
-        "KP_GROUP_ID": f"{prefix}-group",
-        "KP_INPUT_PARTITIONS": str(partitions),
-    }
+    return worker_topics(prefix, partitions)[0]
 
 
 async def _produce_big(

@@ -25,7 +25,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from kafka_helpers import create_topics
 from tcp_proxy import TcpProxy, free_loopback_port
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, worker_topics
 
 from worker.embedded_broker import EmbeddedBroker
 
@@ -72,14 +72,7 @@ def trace(i: int, tag: str) -> bytes:
 
 
 def topics_env(prefix: str) -> dict[str, str]:
-    return {
-        "KP_INPUT_TOPIC": f"{prefix}.raw",
-        "KP_ACCEPTED_TOPIC": f"{prefix}.accepted",
-        "KP_REJECTED_TOPIC": f"{prefix}.rejected",
-        "KP_DEAD_LETTER_TOPIC": f"{prefix}.dead-letter",
-        "KP_GROUP_ID": f"{prefix}-group",
-        "KP_INPUT_PARTITIONS": str(PARTITIONS),
-    }
+    return worker_topics(prefix, PARTITIONS)[0]
 
 
 class SteadyProducer(threading.Thread):

@@ -24,7 +24,7 @@ from pathlib import Path
 import orjson
 import pytest
 from kafka_helpers import consume_all, create_topics, produce
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, worker_topics
 
 from worker.kafka import client_config
 from worker.settings import load_settings
@@ -385,15 +385,7 @@ def test_settings_command_masks_the_password() -> None:
 def test_worker_log_never_contains_trace_contents(kafka_bootstrap: str) -> None:
     marker = f"MARKER{uuid.uuid4().hex}"
     prefix = f"logs-{uuid.uuid4().hex[:8]}"
-    env = {
-        "KP_INPUT_TOPIC": f"{prefix}.raw",
-        "KP_ACCEPTED_TOPIC": f"{prefix}.accepted",
-        "KP_REJECTED_TOPIC": f"{prefix}.rejected",
-        "KP_DEAD_LETTER_TOPIC": f"{prefix}.dead-letter",
-        "KP_GROUP_ID": f"{prefix}-group",
-        "KP_INPUT_PARTITIONS": "1",
-        "KP_LOG_LEVEL": "INFO",
-    }
+    env, _ = worker_topics(prefix, 1, KP_LOG_LEVEL="INFO")
     valid = {
         "@context": "https://openknowledgepulse.org/schema/v1",
         "@type": "ReasoningTrace",

@@ -26,7 +26,7 @@ import orjson
 import pytest
 from kafka_helpers import create_topics, produce
 from outputs import Output, collect_outputs
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, worker_topics
 
 pytestmark = pytest.mark.broker
 
@@ -71,21 +71,7 @@ def make_inputs(count: int, tag: str) -> list[tuple[bytes, bytes, int, None]]:
 
 
 def topics_env(prefix: str) -> tuple[dict[str, str], dict[str, str]]:
-    env = {
-        "KP_INPUT_TOPIC": f"{prefix}.raw",
-        "KP_ACCEPTED_TOPIC": f"{prefix}.accepted",
-        "KP_REJECTED_TOPIC": f"{prefix}.rejected",
-        "KP_DEAD_LETTER_TOPIC": f"{prefix}.dead-letter",
-        "KP_GROUP_ID": f"{prefix}-group",
-        "KP_INPUT_PARTITIONS": str(PARTITIONS),
-        "KP_CACHE_CAPACITY": CACHE_CAPACITY,
-    }
-    outputs = {
-        env["KP_ACCEPTED_TOPIC"]: "accepted",
-        env["KP_REJECTED_TOPIC"]: "rejected",
-        env["KP_DEAD_LETTER_TOPIC"]: "dead_letter",
-    }
-    return env, outputs
+    return worker_topics(prefix, PARTITIONS, KP_CACHE_CAPACITY=CACHE_CAPACITY)
 
 
 def processed(worker: WorkerProcess) -> int:

@@ -27,7 +27,7 @@ from kafka_helpers import create_topics, produce
 from outputs import collect_outputs
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import AliasChoices
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, worker_topics
 
 from worker.pipeline import OTHER_DOMAIN, build_scorer
 from worker.scoring import BUILTIN_PROFILES, profiles_from_mapping
@@ -539,19 +539,7 @@ def scrape(port: int) -> str:
 @pytest.fixture(scope="module")
 def live_worker(kafka_bootstrap: str) -> Iterator[LiveWorker]:
     prefix = f"deploy-{uuid.uuid4().hex[:8]}"
-    env = {
-        "KP_INPUT_TOPIC": f"{prefix}.raw",
-        "KP_ACCEPTED_TOPIC": f"{prefix}.accepted",
-        "KP_REJECTED_TOPIC": f"{prefix}.rejected",
-        "KP_DEAD_LETTER_TOPIC": f"{prefix}.dead-letter",
-        "KP_GROUP_ID": f"{prefix}-group",
-        "KP_INPUT_PARTITIONS": "4",
-    }
-    outputs = {
-        env["KP_ACCEPTED_TOPIC"]: "accepted",
-        env["KP_REJECTED_TOPIC"]: "rejected",
-        env["KP_DEAD_LETTER_TOPIC"]: "dead_letter",
-    }
+    env, outputs = worker_topics(prefix, 4)
     create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=4)
     lines = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
     records = [

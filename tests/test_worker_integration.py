@@ -11,7 +11,7 @@ import orjson
 import pytest
 from kafka_helpers import create_topics, produce
 from outputs import collect_outputs, first_by_source
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, worker_topics
 
 from worker.offline import LineRecords, score_lines
 from worker.pipeline import build_scorer
@@ -42,23 +42,6 @@ def offline_scores(scorer, lines: list[bytes]) -> list[float | None]:
     return [None if "error" in r else r["score"]["score"] for r in results]
 
 
-def topics_env(prefix: str, partitions: int) -> tuple[dict[str, str], dict[str, str]]:
-    env = {
-        "KP_INPUT_TOPIC": f"{prefix}.raw",
-        "KP_ACCEPTED_TOPIC": f"{prefix}.accepted",
-        "KP_REJECTED_TOPIC": f"{prefix}.rejected",
-        "KP_DEAD_LETTER_TOPIC": f"{prefix}.dead-letter",
-        "KP_GROUP_ID": f"{prefix}-group",
-        "KP_INPUT_PARTITIONS": str(partitions),
-    }
-    outputs = {
-        env["KP_ACCEPTED_TOPIC"]: "accepted",
-        env["KP_REJECTED_TOPIC"]: "rejected",
-        env["KP_DEAD_LETTER_TOPIC"]: "dead_letter",
-    }
-    return env, outputs
-
-
 def sample_lines(count: int) -> list[bytes]:
     lines = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
     return [lines[i % len(lines)] for i in range(count)]
@@ -67,7 +50,7 @@ def sample_lines(count: int) -> list[bytes]:
 def test_mixed_batch_is_routed_exactly_once_and_scores_match_offline(
     kafka_bootstrap: str, new_topic_name, offline_scorer
 ) -> None:
-    env, outputs = topics_env(new_topic_name("mix"), partitions=1)
+    env, outputs = worker_topics(new_topic_name("mix"), partitions=1)
     create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=1)
     valid = sample_lines(24)
     valid.append(valid[2])  # an exact repeat: novelty must collapse
@@ -90,9 +73,10 @@ def test_mixed_batch_is_routed_exactly_once_and_scores_match_offline(
     by_source = first_by_source(found)
     assert len(found) == len(lines), "a clean run publishes each record exactly once"
     expected_scores = offline_scores(offline_scorer, [line or b"" for line in lines])
-    print(f"\n{len(lines)} inputs -> " + ", ".join(
-        f"{d}={sum(1 for o in found if o.decision == d)}" for d in outputs.values()
-    ))
+    print(
+        f"\n{len(lines)} inputs -> "
+        + ", ".join(f"{d}={sum(1 for o in found if o.decision == d)}" for d in outputs.values())
+    )
     for index, (offset, line) in enumerate(zip(offsets, lines, strict=True)):
         output = by_source[(0, offset)]
         assert output.key == keys[index]
@@ -128,7 +112,7 @@ def test_mixed_batch_is_routed_exactly_once_and_scores_match_offline(
 
 
 def test_partitions_keep_separate_caches(kafka_bootstrap: str, new_topic_name) -> None:
-    env, outputs = topics_env(new_topic_name("iso"), partitions=2)
+    env, outputs = worker_topics(new_topic_name("iso"), partitions=2)
     create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=2)
     trace = orjson.loads(sample_lines(1)[0])
     records = []
@@ -153,7 +137,7 @@ def test_partitions_keep_separate_caches(kafka_bootstrap: str, new_topic_name) -
 def test_sigterm_and_restart_lose_nothing_and_keep_scores(
     kafka_bootstrap: str, new_topic_name, offline_scorer
 ) -> None:
-    env, outputs = topics_env(new_topic_name("restart"), partitions=2)
+    env, outputs = worker_topics(new_topic_name("restart"), partitions=2)
     create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=2)
     lines = sample_lines(60)
     produced = produce(
@@ -186,8 +170,10 @@ def test_sigterm_and_restart_lose_nothing_and_keep_scores(
             output.score
         )
     duplicates = sum(len(v) - 1 for v in by_source.values())
-    print(f"\nstopped after {partial_count} outputs; {duplicates} duplicates after restart; "
-          f"rebuilt caches: {[(e['partition'], e['records']) for e in rebuilt]}")
+    print(
+        f"\nstopped after {partial_count} outputs; {duplicates} duplicates after restart; "
+        f"rebuilt caches: {[(e['partition'], e['records']) for e in rebuilt]}"
+    )
     assert set(by_source) == expected
     for scores in by_source.values():
         assert len(set(scores)) == 1, "a redelivered record must keep its score"
