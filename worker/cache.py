@@ -5,11 +5,13 @@ at any speed sees the same live entries.
 
 Similarities must be bit-for-bit reproducible whatever the batch shape (a restarted worker
 batches differently from a continuous one, and scores may not change). BLAS sums in an order
-that depends on matrix shapes, so unit vectors are kept as integers on a 2**-20 grid in
-float64: every product and partial sum is then an exact integer (384 * 2**40 < 2**53) and
-the dot product is exact in any order. The grid costs about 1e-6 of cosine accuracy. Scans
-first screen all entries in float32 (fast), then compute the few entries that can be the
-maximum exactly on the grid, so the result is exact at float32 speed.
+that depends on matrix shapes, so unit vectors are rounded to a 2**-20 grid (float32 holds
+those values exactly). In float64 every product and partial sum of grid values is then an
+exact multiple of 2**-40 below 384 (384 * 2**40 < 2**53 units), so the dot product is
+exact in any order. The
+grid costs about 1e-6 of cosine accuracy. Scans first screen all entries in float32
+(fast), then compute the few entries that can be the maximum exactly, so the result is
+exact at float32 speed, and one float32 copy of the entries serves both passes.
 
 Expiry is applied as a mask at query time rather than by deleting entries: with
 out-of-order timestamps a later record may legitimately still see an entry that an
@@ -28,7 +30,9 @@ GridArray = npt.NDArray[np.float64]
 # Event time of a slot that holds a place in eviction order but is never live (TTL set).
 NEVER_LIVE_MS = -(2**62)
 _GRID = float(2**20)
-_GRID_SQUARED = _GRID * _GRID
+# float32 dot products of 384-dim unit vectors err by at most ~2.3e-5; every entry whose
+# screened similarity is within this margin of the best is re-computed exactly.
+_SCREEN_MARGIN = 1e-3
 
 
 class DimensionError(ValueError):
@@ -48,32 +52,38 @@ def _unit_rows(vectors: npt.ArrayLike, dimensions: int) -> FloatArray:
     return np.divide(array, norms, out=np.zeros_like(array), where=norms > 0)
 
 
-def _on_grid(vectors: npt.ArrayLike, dimensions: int) -> GridArray:
-    """Unit rows as exact integers in float64 (see the module docstring)."""
-    return np.rint(_unit_rows(vectors, dimensions).astype(np.float64) * _GRID)
+def _on_grid(vectors: npt.ArrayLike, dimensions: int) -> FloatArray:
+    """Unit rows rounded to the 2**-20 grid, stored as float32.
 
-
-def _screen(grid_rows: GridArray) -> FloatArray:
-    """float32 copies for a fast first pass; exact values come from the grid afterwards."""
-    return (grid_rows / _GRID).astype(np.float32)
-
-
-# float32 dot products of 384-dim unit vectors err by at most ~2.3e-5; every entry whose
-# screened similarity is within this margin of the best is re-computed exactly.
-_SCREEN_MARGIN = 1e-3
+    Grid values are integers of at most 21 bits times 2**-20, which float32 holds exactly, so
+    one float32 copy serves both the fast screening pass and (in float64) the exact pass.
+    """
+    unit = _unit_rows(vectors, dimensions).astype(np.float64)
+    return (np.rint(unit * _GRID) / _GRID).astype(np.float32)
 
 
 def _exact_best(
-    screened: npt.NDArray[np.float32], grid_rows: GridArray, query: GridArray
-) -> float | None:
-    """Exact max similarity among rows, given their screened values (-inf = not live)."""
-    if screened.size == 0:
-        return None
-    top = screened.max()
-    if np.isneginf(top):
-        return None
-    candidates = np.flatnonzero(screened >= top - _SCREEN_MARGIN)
-    return float((grid_rows[candidates] @ query).max()) / _GRID_SQUARED
+    screened: FloatArray, stored: FloatArray, batch: FloatArray, queries: FloatArray
+) -> tuple[GridArray, npt.NDArray[np.bool_]]:
+    """Per query (column): the exact max similarity among entries and whether any is live.
+
+    ``screened`` holds float32 similarities (entries x queries, -inf where an entry is not
+    live for that query); its rows are the ``stored`` entries followed by the ``batch``
+    ones. Entries within the margin of a column's best are recomputed exactly: on grid
+    values a float64 matrix product is exact whatever order BLAS sums in.
+    """
+    top = screened.max(axis=0, initial=-np.inf)
+    live = np.isfinite(top)
+    candidate = screened >= np.where(live, top - _SCREEN_MARGIN, np.inf)
+    entries = np.flatnonzero(candidate.any(axis=1))  # ascending: stored entries first
+    in_stored = entries < len(stored)
+    rows = np.concatenate([stored[entries[in_stored]], batch[entries[~in_stored] - len(stored)]])
+    exact = rows.astype(np.float64) @ queries.astype(np.float64).T
+    return np.where(candidate[entries], exact, -np.inf).max(axis=0, initial=-np.inf), live
+
+
+def _as_results(best: GridArray, live: npt.NDArray[np.bool_]) -> list[float | None]:
+    return [float(value) if ok else None for value, ok in zip(best, live, strict=True)]
 
 
 class VectorCache:
@@ -89,8 +99,7 @@ class VectorCache:
         self.max_elements = max_elements
         self.dimensions = dimensions
         self.ttl_ms = ttl_ms
-        self._grid = np.zeros((max_elements, dimensions), dtype=np.float64)
-        self._screened = np.zeros((max_elements, dimensions), dtype=np.float32)
+        self._rows = np.zeros((max_elements, dimensions), dtype=np.float32)
         self._times = np.zeros(max_elements, dtype=np.int64)
         self._count = 0
         self._next = 0  # slot the next add writes
@@ -113,17 +122,16 @@ class VectorCache:
     def add_batch(self, vectors: npt.ArrayLike, event_times_ms: Sequence[int]) -> None:
         self._add_grid_rows(_on_grid(vectors, self.dimensions), event_times_ms)
 
-    def _add_grid_rows(self, rows: GridArray, event_times_ms: Sequence[int]) -> None:
+    def _add_grid_rows(self, rows: FloatArray, event_times_ms: Sequence[int]) -> None:
         if len(rows) != len(event_times_ms):
             raise ValueError("one event time per vector is required")
-        rows, times = rows[-self.max_elements :], list(event_times_ms)[-self.max_elements :]
-        screened = _screen(rows)
-        for row, screened_row, when in zip(rows, screened, times, strict=True):
-            self._grid[self._next] = row
-            self._screened[self._next] = screened_row
-            self._times[self._next] = when
-            self._next = (self._next + 1) % self.max_elements
-            self._count = min(self._count + 1, self.max_elements)
+        rows = rows[-self.max_elements :]
+        times = np.asarray(event_times_ms, dtype=np.int64)[-self.max_elements :]
+        slots = (self._next + np.arange(len(rows))) % self.max_elements
+        self._rows[slots] = rows
+        self._times[slots] = times
+        self._next = int((self._next + len(rows)) % self.max_elements)
+        self._count = min(self._count + len(rows), self.max_elements)
 
     def _slots(self) -> slice:
         return slice(0, self._count)
@@ -154,14 +162,13 @@ class VectorCache:
         rows = _on_grid(queries, self.dimensions)
         if self._count == 0:
             return [None] * len(rows)
-        slots = self._slots()
-        screened = self._screened[slots] @ _screen(rows).T  # [entries, queries]
-        results: list[float | None] = []
-        for column in range(len(rows)):
-            live = self._live_mask(None if now_ms is None else int(now_ms[column]))
-            values = np.where(live, screened[:, column], -np.inf)
-            results.append(_exact_best(values, self._grid[slots], rows[column]))
-        return results
+        stored = self._rows[self._slots()]
+        screened = stored @ rows.T  # [entries, queries]
+        if self.ttl_ms is not None and now_ms is not None:
+            times = np.asarray(now_ms, dtype=np.int64)
+            expired = (times[None, :] - self._times[self._slots()][:, None]) > self.ttl_ms
+            screened[expired] = -np.inf
+        return _as_results(*_exact_best(screened, stored, rows[:0], rows))
 
     def query_then_add_batch(
         self, vectors: npt.ArrayLike, event_times_ms: Sequence[int]
@@ -170,15 +177,14 @@ class VectorCache:
 
         Equal to calling ``max_cosine_similarity`` then ``add`` one vector at a time,
         including capacity eviction caused by the earlier vectors of the same batch,
-        but with two matrix products instead of a scan per vector.
+        but with two matrix products and one exact pass instead of a scan per vector.
         """
         rows = _on_grid(vectors, self.dimensions)
         count = len(rows)
         if count != len(event_times_ms):
             raise ValueError("one event time per vector is required")
         times = np.asarray(event_times_ms, dtype=np.int64)
-        screened_rows = _screen(rows)
-        slots = self._slots()
+        stored_rows = self._rows[self._slots()]
         n = self._count
         position = np.arange(count)
         # The stored entry of age rank k (0 = oldest) is still held when vector i is
@@ -187,20 +193,10 @@ class VectorCache:
         earlier = position[:, None] < position[None, :]  # batch entry j precedes i
         earlier &= position[:, None] >= (position - self.max_elements)[None, :]
         if self.ttl_ms is not None:
-            held &= (times[None, :] - self._times[slots][:, None]) <= self.ttl_ms
+            held &= (times[None, :] - self._times[self._slots()][:, None]) <= self.ttl_ms
             earlier &= (times[None, :] - times[:, None]) <= self.ttl_ms
-        stored = np.where(held, self._screened[slots] @ screened_rows.T, -np.inf)
-        batch = np.where(earlier, screened_rows @ screened_rows.T, -np.inf)
-        results: list[float | None] = []
-        for i in range(count):
-            best = [
-                value
-                for value in (
-                    _exact_best(stored[:, i], self._grid[slots], rows[i]),
-                    _exact_best(batch[:, i], rows, rows[i]),
-                )
-                if value is not None
-            ]
-            results.append(max(best) if best else None)
-        self._add_grid_rows(rows, [int(t) for t in times])
+        screened = np.concatenate([stored_rows @ rows.T, rows @ rows.T])  # [entries, queries]
+        screened[~np.concatenate([held, earlier])] = -np.inf
+        results = _as_results(*_exact_best(screened, stored_rows, rows, rows))
+        self._add_grid_rows(rows, times.tolist())
         return results

@@ -134,7 +134,7 @@ class OnnxEmbedder:
         tokenizer_path: Path,
         expected_sha256: str | None,
         intra_op_threads: int,
-        batch_size: int = 8,
+        batch_size: int = 1,
         max_tokens: int = 256,
     ) -> OnnxEmbedder:
         """Verify, load and smoke-test the model; raise EmbedderUnavailable saying why not.

@@ -89,7 +89,9 @@ class Settings(BaseSettings):
     tokenizer_path: Path = DEFAULT_TOKENIZER_PATH
     embedder_required: bool = False
     embed_threads: PositiveInt | None = None  # None = the machine's cores
-    embed_batch_size: PositiveInt = 8
+    # Texts per onnxruntime run. 1 measured fastest on CPU for a take of mixed-length traces
+    # (no padding; ~31 vs ~19 texts/s at 8) and keeps the arena ~280 MB smaller: bench/RESULTS.md.
+    embed_batch_size: PositiveInt = 1
     embed_max_tokens: PositiveInt = 256
 
     # Operations
