@@ -172,3 +172,34 @@ def test_failed_publish_forgets_the_partition_and_raises() -> None:
     publisher.fail = False
     run(stream.process(log.records[0:6]))  # redelivered after the failure: scored afresh
     assert scores(publisher.published) == continuous(log.records)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8, 100])
+def test_chunked_scoring_equals_one_batch_and_publishes_in_offset_order(chunk: int) -> None:
+    records = log_of(8, 0) + log_of(8, 1)
+    log = FakeLog(records, committed=0)
+    publisher = FakePublisher()
+    stream = StreamScorer(scorer(), log, publisher, score_chunk_records=chunk)
+    published = run(stream.process(records))
+    expected = scorer().score_batch(records).routed
+    assert [(r.source.partition, r.source.offset) for r in published] == [
+        (r.source.partition, r.source.offset) for r in expected
+    ]
+    assert [r.breakdown for r in publisher.published] == [r.breakdown for r in expected]
+
+
+def test_a_chunk_that_fails_to_publish_fails_the_whole_batch() -> None:
+    log = FakeLog(log_of(6), committed=0)
+    stream = StreamScorer(scorer(), log, FakePublisher(), score_chunk_records=2)
+    calls = 0
+
+    async def fail_second_chunk(routed: Sequence[RoutedRecord]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise ConnectionError("broker gone")
+
+    stream.publisher = type("P", (), {"publish": staticmethod(fail_second_chunk)})()
+    with pytest.raises(ConnectionError):
+        run(stream.process(log.records))
+    assert stream.owned() == [] and (TOPIC, 0) not in stream.scorer.caches

@@ -101,7 +101,11 @@ class ScorerApp(faust.App):
         await self._publisher.start()
         await self._reader.start()
         self.stream_scorer = StreamScorer(
-            scorer, self._reader, self._publisher, settings.latency_budget_seconds
+            scorer,
+            self._reader,
+            self._publisher,
+            settings.latency_budget_seconds,
+            settings.score_chunk_records,
         )
         metrics.serve(settings.metrics_port)
         log.info(

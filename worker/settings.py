@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     replication_factor: PositiveInt = 1
     batch_max_records: PositiveInt = 8
     batch_within_seconds: PositiveFloat = 0.02
+    # Records scored per step inside a take; each step is published while the next is scored.
+    # 1 keeps a trace's latency to its own embedding plus one ack: bench/RESULTS.md.
+    score_chunk_records: PositiveInt = 1
     session_timeout_seconds: PositiveFloat = 10.0
     heartbeat_interval_seconds: PositiveFloat = 1.0
     commit_interval_seconds: PositiveFloat = 1.0

@@ -60,11 +60,15 @@ class StreamScorer:
         reader: LogReader,
         publisher: RoutedPublisher,
         latency_budget_seconds: float = 0.1,
+        score_chunk_records: int = 1,
     ) -> None:
+        if score_chunk_records < 1:
+            raise ValueError("score_chunk_records must be positive")
         self.scorer = scorer
         self.reader = reader
         self.publisher = publisher
         self.latency_budget_seconds = latency_budget_seconds
+        self.score_chunk_records = score_chunk_records
         self._state: dict[TopicPartition, PartitionState] = {}
         self._epochs: dict[TopicPartition, int] = defaultdict(int)
 
@@ -123,20 +127,39 @@ class StreamScorer:
             self._discard_if_revoked(epochs)
             return []
         metrics.in_flight.inc(len(todo))
+        routed: list[RoutedRecord] = []
+        publishing: list[asyncio.Task[None]] = []
         try:
-            result = await asyncio.to_thread(self.scorer.score_batch, todo)
-            started = time.monotonic()
-            await self.publisher.publish(result.routed)
-            acked = time.monotonic()
+            # Chunks are scored in order (the same scores as one batch) and each chunk is
+            # published while the next one is scored, so a trace waits for its own chunk's
+            # embedding and ack rather than for the whole take.
+            for start in range(0, len(todo), self.score_chunk_records):
+                stop = start + self.score_chunk_records
+                result = await asyncio.to_thread(self.scorer.score_batch, todo[start:stop])
+                routed += result.routed
+                publishing.append(
+                    asyncio.create_task(self._publish(result, todo_received[start:stop]))
+                )
+            await asyncio.gather(*publishing)
         except BaseException:
             # Nothing of this batch may be remembered: it will be delivered again.
+            for task in publishing:
+                task.cancel()
+            await asyncio.gather(*publishing, return_exceptions=True)
             self.forget(list(by_partition))
             raise
         finally:
             metrics.in_flight.dec(len(todo))
         self._discard_if_revoked(epochs)
-        self._observe(result, todo_received, acked - started, acked)
-        return result.routed
+        metrics.batch_size.observe(len(todo))
+        self._observe_partitions(routed)
+        return routed
+
+    async def _publish(self, result: BatchResult, received: Sequence[float]) -> None:
+        started = time.monotonic()
+        await self.publisher.publish(result.routed)
+        acked = time.monotonic()
+        self._observe(result, received, acked - started, acked)
 
     async def _read_gap(self, tp: TopicPartition, start: int, end: int) -> list[SourceRecord]:
         """Records the consumer never delivered: read them from the log so none goes unscored."""
@@ -216,7 +239,6 @@ class StreamScorer:
         self, result: BatchResult, received: Sequence[float], publish_seconds: float, acked: float
     ) -> None:
         count = len(result.routed)
-        metrics.batch_size.observe(count)
         stages = result.stages
         for stage, seconds in (
             ("decode", stages.decode),
@@ -249,12 +271,14 @@ class StreamScorer:
                     ("outcome", dims.outcome),
                 ):
                     metrics.dimensions.labels(name).observe(value)
+
+    def _observe_partitions(self, routed: Sequence[RoutedRecord]) -> None:
         for (topic, partition), size in self.scorer.caches.sizes().items():
             metrics.cache_entries.labels(topic, str(partition)).set(size)
         now_ms = time.time() * 1000
         last: dict[TopicPartition, SourceRecord] = {}
-        for routed in result.routed:
-            last[routed.source.topic_partition] = routed.source
+        for record in routed:
+            last[record.source.topic_partition] = record.source
         for (topic, partition), record in last.items():
             lag = max(0.0, (now_ms - record.timestamp_ms) / 1000) if record.timestamp_ms else 0.0
             metrics.consumer_lag_seconds.labels(topic, str(partition)).set(lag)
