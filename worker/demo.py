@@ -280,7 +280,10 @@ def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        console.print(f"worker started (pid {worker.pid}, log {log}); metrics on :{port}")
+        console.print(
+            f"worker started (pid {worker.pid}, log {log}); "
+            f"metrics at http://127.0.0.1:{port}/metrics"
+        )
         try:
             if not _wait_for_assignment(worker, log, timeout):
                 console.print(f"[red]the worker did not become ready; see {log}[/]")
