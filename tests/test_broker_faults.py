@@ -25,6 +25,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from kafka_helpers import create_topics
 from tcp_proxy import TcpProxy, free_loopback_port
+from traces import make_trace
 from worker_process import WorkerProcess, worker_topics
 
 from worker.embedded_broker import EmbeddedBroker
@@ -49,25 +50,15 @@ def proxied() -> Iterator[tuple[TcpProxy, str]]:
 
 def trace(i: int, tag: str) -> bytes:
     return orjson.dumps(
-        {
-            "@context": "https://openknowledgepulse.org/schema/v1",
-            "@type": "ReasoningTrace",
-            "id": f"kp:trace:{tag}-{i:06d}",
-            "metadata": {
-                "created_at": "2025-01-15T12:00:00Z",
-                "task_domain": "code",
-                "success": True,
-                "quality_score": 0,
-                "visibility": "org",
-                "privacy_level": "federated",
-            },
-            "task": {"objective": f"Ticket {i}"},
-            "steps": [
+        make_trace(
+            id=f"kp:trace:{tag}-{i:06d}",
+            domain="code",
+            objective=f"Ticket {i}",
+            steps=[
                 {"step_id": 0, "type": "thought", "content": f"look {i % 53}"},
                 {"step_id": 1, "type": "tool_call", "tool": {"name": "kb"}},
             ],
-            "outcome": {"result_summary": "ok", "confidence": 0.9},
-        }
+        )
     )
 
 

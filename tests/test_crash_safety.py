@@ -26,6 +26,7 @@ import orjson
 import pytest
 from kafka_helpers import create_topics, produce
 from outputs import Output, collect_outputs
+from traces import make_trace
 from worker_process import WorkerProcess, worker_topics
 
 pytestmark = pytest.mark.broker
@@ -38,26 +39,18 @@ CACHE_CAPACITY = "200"
 def short_trace(i: int, tag: str) -> bytes:
     """A valid trace with a unique id and a short text (the embedder is the bottleneck)."""
     return orjson.dumps(
-        {
-            "@context": "https://openknowledgepulse.org/schema/v1",
-            "@type": "ReasoningTrace",
-            "id": f"kp:trace:{tag}-{i:06d}",
-            "metadata": {
-                "created_at": "2025-01-15T12:00:00Z",
-                "task_domain": DOMAINS[i % len(DOMAINS)],
-                "success": i % 5 != 0,
-                "quality_score": 0,
-                "visibility": "org",
-                "privacy_level": "federated",
-            },
-            "task": {"objective": f"Order {i} status"},
-            "steps": [
+        make_trace(
+            id=f"kp:trace:{tag}-{i:06d}",
+            domain=DOMAINS[i % len(DOMAINS)],
+            success=i % 5 != 0,
+            confidence=(i % 101) / 100,
+            objective=f"Order {i} status",
+            steps=[
                 {"step_id": 0, "type": "thought", "content": f"check {i % 89}"},
                 {"step_id": 1, "type": "tool_call", "tool": {"name": f"db{i % 3}"}},
                 {"step_id": 2, "type": "observation", "content": "ok"},
             ][: 1 + i % 3],
-            "outcome": {"result_summary": "ok", "confidence": (i % 101) / 100},
-        }
+        )
     )
 
 
