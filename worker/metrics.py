@@ -10,6 +10,8 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+# Time in the topic comes on top for end-to-end latency: a backlog can be minutes old.
+END_TO_END_BUCKETS = (*LATENCY_BUCKETS, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 SCORE_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 REBUILD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -20,9 +22,15 @@ trace_latency = Histogram(
     "Per trace: from receipt by the worker to the broker's publish acknowledgement",
     buckets=LATENCY_BUCKETS,
 )
+end_to_end_latency = Histogram(
+    "kp_end_to_end_latency_seconds",
+    "Per trace: from its record timestamp (producer or broker time) to the broker's "
+    "acknowledgement of its output; includes time waiting in the topic",
+    buckets=END_TO_END_BUCKETS,
+)
 stage_latency = Histogram(
     "kp_stage_latency_seconds",
-    "Per trace: time spent in each stage of its batch",
+    "Per trace: time spent in each stage (embed includes waiting for a free model run)",
     ["stage"],
     buckets=LATENCY_BUCKETS,
 )
@@ -45,7 +53,15 @@ dimensions = Histogram(
 novelty_sources = Counter(
     "kp_novelty_source_total", "Scored traces by where their novelty came from", ["source"]
 )
-batch_size = Histogram("kp_batch_size", "Records per processed batch", buckets=BATCH_BUCKETS)
+batch_size = Histogram(
+    "kp_batch_size",
+    "Records in the scoring pipeline when a record enters it, itself included (1 = no queue)",
+    buckets=BATCH_BUCKETS,
+)
+embeddings_reused = Counter(
+    "kp_embeddings_reused_total",
+    "Traces whose text equalled an earlier one still cached or in flight: no model run",
+)
 cache_entries = Gauge(
     "kp_cache_entries", "Vectors held in a partition's novelty cache", ["topic", "partition"]
 )

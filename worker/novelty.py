@@ -8,6 +8,7 @@ arithmetic), and a worker that rebuilds a partition's cache from the log gets th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Protocol
 
 import numpy as np
@@ -24,6 +25,10 @@ class Embedder(Protocol):
     dimensions: int
 
     def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]: ...
+
+    def submit(self, texts: Sequence[str]) -> Future[npt.NDArray[np.float32]]:
+        """``embed`` started in the background (on the embedder's own threads)."""
+        ...
 
 
 class PartitionCaches:
@@ -55,14 +60,26 @@ class PartitionCaches:
     def sizes(self) -> dict[TopicPartition, int]:
         return {tp: len(cache) for tp, cache in self._caches.items()}
 
+    def row_for_text(self, partition: TopicPartition, key: bytes) -> npt.NDArray[np.float32] | None:
+        """The stored row of an earlier identical text of this partition, if still held."""
+        cache = self._caches.get(partition)
+        return None if cache is None else cache.row_for_key(key)
+
     def novelty_batch(
         self,
         partition: TopicPartition,
         embeddings: npt.NDArray[np.float32],
         event_times_ms: Sequence[int],
+        text_keys: Sequence[bytes | None] | None = None,
+        stored_rows: Sequence[bool] | None = None,
     ) -> list[Novelty]:
-        """Novelty of consecutive records of one partition, in offset order; adds them after."""
-        similarities = self.get(partition).query_then_add_batch(embeddings, event_times_ms)
+        """Novelty of consecutive records of one partition, in offset order; adds them after.
+
+        Rows flagged in ``stored_rows`` are rows reused from :meth:`row_for_text`.
+        """
+        similarities = self.get(partition).query_then_add_batch(
+            embeddings, event_times_ms, text_keys, stored_rows
+        )
         return [
             Novelty.empty_cache() if similarity is None else Novelty.from_similarity(similarity)
             for similarity in similarities
@@ -73,6 +90,7 @@ class PartitionCaches:
         partition: TopicPartition,
         embeddings: npt.NDArray[np.float32],
         event_times_ms: Sequence[int],
+        text_keys: Sequence[bytes | None] | None = None,
     ) -> None:
         """Fill a partition's cache from its log without scoring (rebuild on takeover)."""
-        self.get(partition).add_batch(embeddings, event_times_ms)
+        self.get(partition).add_batch(embeddings, event_times_ms, text_keys)

@@ -7,6 +7,7 @@ from and write to differs.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import defaultdict
@@ -112,7 +113,30 @@ class StageSeconds:
 class BatchResult:
     routed: list[RoutedRecord]
     stages: StageSeconds
-    embedded: int
+    embedded: int  # valid traces, i.e. vectors used (model runs + reused)
+    reused: int = 0  # vectors taken from an identical earlier text instead of the model
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A decoded record on its way to novelty: the trace (or why not) and, once known, its
+    vector. ``stored_row`` marks a vector reused from the partition's cache as stored there."""
+
+    record: SourceRecord
+    item: Trace | TraceError
+    text: str | None = None
+    text_key: bytes | None = None
+    vector: np.ndarray | None = None
+    stored_row: bool = False
+
+    @property
+    def needs_vector(self) -> bool:
+        return self.text_key is not None and self.vector is None
+
+
+def text_key(text: str) -> bytes:
+    """A digest of the embedding text: equal texts have equal vectors, so it keys reuse."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _clock() -> float:
@@ -159,42 +183,93 @@ class Scorer:
             return None
         return self.embedder.embed(texts)
 
+    def prepare(self, records: Sequence[SourceRecord]) -> list[Prepared]:
+        """Decode each record and, for valid traces, its embedding text and that text's key."""
+        prepared = []
+        for record in records:
+            item = self.decode(record)
+            if isinstance(item, Trace) and self.embedder is not None:
+                text = item.embedding_text()
+                prepared.append(Prepared(record, item, text, text_key(text)))
+            else:
+                prepared.append(Prepared(record, item))
+        return prepared
+
+    def reuse_stored(self, prepared: Prepared) -> bool:
+        """Take the vector of an identical earlier text still in the partition's cache."""
+        if not prepared.needs_vector:
+            return False
+        assert prepared.text_key is not None
+        row = self.caches.row_for_text(prepared.record.topic_partition, prepared.text_key)
+        if row is None:
+            return False
+        prepared.vector, prepared.stored_row = row, True
+        return True
+
+    def embed_missing(
+        self, prepared: Sequence[Prepared], *, from_cache: bool = True
+    ) -> tuple[int, int]:
+        """Vectors for every prepared trace: reused where the text was seen, else from the
+        model (each distinct text once). Returns (model runs, reused)."""
+        reused = sum(self.reuse_stored(item) for item in prepared) if from_cache else 0
+        missing: dict[bytes, list[Prepared]] = {}
+        for item in prepared:
+            if item.needs_vector:
+                assert item.text_key is not None
+                missing.setdefault(item.text_key, []).append(item)
+        if not missing:
+            return 0, reused
+        groups = list(missing.values())
+        vectors = self.embed([group[0].text or "" for group in groups])
+        assert vectors is not None
+        for group, vector in zip(groups, vectors, strict=True):
+            for item in group:
+                item.vector = vector
+            reused += len(group) - 1
+        return len(groups), reused
+
+    def finish(self, prepared: Sequence[Prepared]) -> tuple[list[RoutedRecord], float, float]:
+        """Novelty in offset order per partition (updating the caches), then routing.
+
+        Returns the routed records and the seconds spent on novelty and on scoring.
+        """
+        started = _clock()
+        novelty: dict[int, Novelty] = {}
+        by_partition: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for i, item in enumerate(prepared):
+            if isinstance(item.item, Trace):
+                if item.vector is None:
+                    novelty[i] = Novelty.unavailable()
+                else:
+                    by_partition[item.record.topic_partition].append(i)
+        for partition, rows in by_partition.items():
+            values = self.caches.novelty_batch(
+                partition,
+                np.stack([prepared[i].vector for i in rows]),  # type: ignore[misc]
+                [prepared[i].record.timestamp_ms for i in rows],
+                [prepared[i].text_key for i in rows],
+                [prepared[i].stored_row for i in rows],
+            )
+            novelty.update(zip(rows, values, strict=True))
+        novelty_seconds = _clock() - started
+        started = _clock()
+        routed = [
+            self._route(item.record, item.item, novelty.get(i)) for i, item in enumerate(prepared)
+        ]
+        return routed, novelty_seconds, _clock() - started
+
     def score_batch(self, records: Sequence[SourceRecord]) -> BatchResult:
         """Score records (any partitions, each partition's records in offset order)."""
         stages = StageSeconds()
         started = _clock()
-        decoded = [self.decode(record) for record in records]
+        prepared = self.prepare(records)
         stages.decode = _clock() - started
-
-        valid = [i for i, item in enumerate(decoded) if isinstance(item, Trace)]
         started = _clock()
-        embeddings = self.embed([decoded[i].embedding_text() for i in valid])  # type: ignore[union-attr]
+        _, reused = self.embed_missing(prepared)
         stages.embed = _clock() - started
-
-        started = _clock()
-        novelty: dict[int, Novelty] = {}
-        if embeddings is None:
-            novelty = {i: Novelty.unavailable() for i in valid}
-        else:
-            rows_by_partition: dict[tuple[str, int], list[int]] = defaultdict(list)
-            for row, i in enumerate(valid):
-                rows_by_partition[records[i].topic_partition].append(row)
-            for partition, rows in rows_by_partition.items():
-                values = self.caches.novelty_batch(
-                    partition,
-                    embeddings[rows],
-                    [records[valid[row]].timestamp_ms for row in rows],
-                )
-                novelty.update((valid[row], value) for row, value in zip(rows, values, strict=True))
-        stages.novelty = _clock() - started
-
-        started = _clock()
-        routed = [
-            self._route(record, item, novelty.get(i))
-            for i, (record, item) in enumerate(zip(records, decoded, strict=True))
-        ]
-        stages.score = _clock() - started
-        return BatchResult(routed=routed, stages=stages, embedded=len(valid))
+        routed, stages.novelty, stages.score = self.finish(prepared)
+        valid = sum(isinstance(item.item, Trace) for item in prepared)
+        return BatchResult(routed=routed, stages=stages, embedded=valid, reused=reused)
 
     def _route(
         self, record: SourceRecord, item: Trace | TraceError, novelty: Novelty | None
@@ -296,13 +371,19 @@ class Scorer:
         ]
         vectors = np.zeros((len(traces), self.caches.dimensions), dtype=np.float32)
         times = [NEVER_LIVE_MS] * len(traces)
+        keys: list[bytes | None] = [None] * len(traces)
         if live:
-            embedded = self.embed([traces[i][1].embedding_text() for i in live])
-            assert embedded is not None
-            vectors[live] = embedded
-            for i in live:
+            prepared = [
+                Prepared(traces[i][0], traces[i][1], text, text_key(text))
+                for i in live
+                for text in (traces[i][1].embedding_text(),)
+            ]
+            self.embed_missing(prepared, from_cache=False)
+            for i, item in zip(live, prepared, strict=True):
+                vectors[i] = item.vector
                 times[i] = traces[i][0].timestamp_ms
-        self.caches.warm(partition, vectors, times)
+                keys[i] = item.text_key
+        self.caches.warm(partition, vectors, times, keys)
         return len(live)
 
 

@@ -55,11 +55,12 @@ class Settings(BaseSettings):
     # Partitions used when the input topic itself has to be created (demo, tests).
     input_partitions: PositiveInt = 4
     replication_factor: PositiveInt = 1
-    batch_max_records: PositiveInt = 8
-    batch_within_seconds: PositiveFloat = 0.02
-    # Records scored per step inside a take; each step is published while the next is scored.
-    # 1 keeps a trace's latency to its own embedding plus one ack: bench/RESULTS.md.
-    score_chunk_records: PositiveInt = 1
+    # Records taken from the consumer but not yet published; the consumer waits above it.
+    max_in_flight_records: PositiveInt = 16
+    # How long a fetch may wait on the broker for records to arrive. A broker answers a
+    # fetch once it has records or this time has passed, so this is also the longest a new
+    # record can sit unseen on a broker that answers late.
+    fetch_max_wait_ms: int = Field(default=20, ge=0, le=10_000)
     session_timeout_seconds: PositiveFloat = 10.0
     heartbeat_interval_seconds: PositiveFloat = 1.0
     commit_interval_seconds: PositiveFloat = 1.0
@@ -91,9 +92,12 @@ class Settings(BaseSettings):
     model_sha256: str | None = None
     tokenizer_path: Path = DEFAULT_TOKENIZER_PATH
     embedder_required: bool = False
-    embed_threads: PositiveInt | None = None  # None = the machine's cores
-    # Texts per onnxruntime run. 1 measured fastest on CPU for a take of mixed-length traces
-    # (no padding; ~31 vs ~19 texts/s at 8) and keeps the arena ~280 MB smaller: bench/RESULTS.md.
+    # Parallel single-threaded model runs (None = the machine's cores). On CPU, runs side by
+    # side use the cores better than one run over several intra-op threads: bench/RESULTS.md.
+    embed_concurrency: PositiveInt | None = None
+    embed_threads: PositiveInt = 1  # intra-op threads of each run
+    # Texts per onnxruntime run. 1 measured fastest on CPU for mixed-length traces (no
+    # padding) and keeps the arena small: bench/RESULTS.md. A GPU provider may want more.
     embed_batch_size: PositiveInt = 1
     embed_max_tokens: PositiveInt = 256
 
@@ -156,8 +160,8 @@ class Settings(BaseSettings):
         return self
 
     @cached_property
-    def resolved_embed_threads(self) -> int:
-        return self.embed_threads or os.cpu_count() or 1
+    def resolved_embed_concurrency(self) -> int:
+        return self.embed_concurrency or os.cpu_count() or 1
 
     def threshold_for(self, domain: str) -> float:
         return self.domain_thresholds.get(domain, self.accept_threshold)
