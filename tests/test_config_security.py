@@ -459,3 +459,13 @@ def test_fetch_wait_setting_reaches_the_group_consumer() -> None:
             await consumer.stop()
 
     assert asyncio.run(build()) == 7
+
+
+@pytest.mark.parametrize("level", ["DEBUG", "INFO", "WARNING", "ERROR"])
+def test_every_log_level_is_one_faust_accepts(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker hands KP_LOG_LEVEL to faust's CLI, whose names differ (warn, not warning)."""
+    from faust.cli.base import LOGLEVELS
+
+    from worker import cli
+
+    assert cli.FAUST_LOG_LEVELS[level].upper() in LOGLEVELS  # faust compares case-blind

@@ -101,6 +101,10 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+# faust's --loglevel knows crit/error/warn/info/debug, not Python's WARNING.
+FAUST_LOG_LEVELS = {"DEBUG": "debug", "INFO": "info", "WARNING": "warn", "ERROR": "error"}
+
+
 def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
     """Run the stream worker through Faust's own CLI (its flags pass through)."""
     settings = _checked_settings()
@@ -109,7 +113,7 @@ def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
 
     app = create_app(settings)
     if not any(arg.startswith(("--loglevel", "-l")) for arg in faust_args):
-        faust_args = ["--loglevel", settings.log_level.lower(), *faust_args]
+        faust_args = ["--loglevel", FAUST_LOG_LEVELS[settings.log_level], *faust_args]
     sys.argv = ["kp-scorer", "worker", "--without-web", *faust_args]
     app.main()
     return 0
