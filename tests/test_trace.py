@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator, FormatChecker
+from jsonschema.exceptions import best_match
 from traces import (
     CONTEXT_DEV,
     CONTEXT_ORG,
@@ -19,6 +25,7 @@ from traces import (
     trace_bytes,
 )
 
+from worker import trace as trace_module
 from worker.trace import (
     DEFAULT_MAX_BYTES,
     ERROR_KINDS,
@@ -532,3 +539,255 @@ def test_delete_helper_really_deletes() -> None:
     assert "outcome" not in make_trace(outcome=DELETE)
     with pytest.raises(SchemaViolationError, match="'outcome'"):
         validate_trace(make_trace(outcome=DELETE))
+
+
+# --- bounded validation: the same errors as the pure-Python validator, found in a few passes ---
+
+
+@cache
+def reference_validator() -> Draft202012Validator:
+    """The pure-Python ``jsonschema`` validator the reasons were first defined with."""
+    schema = orjson.loads(trace_module.TRACE_SCHEMA_PATH.read_bytes())
+    checker = FormatChecker(formats=())
+    checker.checks("date-time")(trace_module._is_date_time)
+    return Draft202012Validator(schema, format_checker=checker)
+
+
+def reference_reason(document: dict[str, Any]) -> str | None:
+    """The reason of the error ``best_match`` picks, or None for a valid document."""
+    error = best_match(reference_validator().iter_errors(document))
+    if error is None:
+        return None
+    path = list(error.absolute_path)
+    return trace_module._describe(path, error.validator, error.validator_value, error.instance)
+
+
+def rich_document() -> dict[str, Any]:
+    """Every field of the schema present somewhere, so that any of them can be broken."""
+    document = base_document()
+    document["metadata"].update(agent_id="a-1", framework="lg", validated_by=["x"])
+    document["task"]["input_schema"] = {"type": "object"}
+    document["steps"][1].update(input={"q": "kafka"}, output_summary="ok", latency_ms=3)
+    document["steps"][1]["tool"]["mcp_server"] = "fs"
+    document["steps"][3]["tool"] = {"name": "grep"}
+    return document
+
+
+def all_paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    paths = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for key, child in value.items():
+            paths += all_paths(child, (*prefix, key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            paths += all_paths(child, (*prefix, index))
+    return paths
+
+
+PATHS = [
+    *all_paths(rich_document()),
+    ("x_extra",),
+    ("metadata", "x_extra"),
+    ("steps", 5),
+    ("steps", 0, "tool"),
+    ("steps", 2, "input"),
+]
+EDGE_VALUES: list[Any] = [
+    *(None, True, False, 0, -1, 2, 0.5, 1.5, -0.0, 2.0, -1e20, 1e308, 2**64 - 1, -(2**63)),
+    *("", "x", "plan", "thought", "tool_call", "kp:trace:", "kp:trace:1", "kp:trace:\n"),
+    *("2024-01-01", "2025-01-15 12:00:00", "network", "aggregated", "ReasoningTrace"),
+    CONTEXT_DEV,
+    *([], ["x"], {}, {"name": ""}, {"name": "t"}, {"step_id": 0, "type": "thought"}),
+    [{"step_id": 0, "type": "thought"}, "x"],
+]
+json_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | json_text
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(json_text, inner, max_size=3),
+    max_leaves=6,
+)
+mutations = st.lists(
+    st.tuples(st.sampled_from(PATHS), st.just(DELETE) | st.sampled_from(EDGE_VALUES) | json_values),
+    min_size=1,
+    max_size=5,
+)
+
+
+def holds(parent: Any, part: Any) -> bool:
+    if isinstance(parent, dict):
+        return isinstance(part, str) and part in parent
+    return isinstance(parent, list) and isinstance(part, int) and part < len(parent)
+
+
+def put(document: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
+    """Set (or delete, or append) the value at ``path`` when its parent is still there."""
+    parent: Any = document
+    for part in path[:-1]:
+        if not holds(parent, part):
+            return
+        parent = parent[part]
+    last = path[-1]
+    if value is DELETE:
+        if holds(parent, last):
+            del parent[last]
+    elif isinstance(parent, dict) and isinstance(last, str):
+        parent[last] = copy.deepcopy(value)
+    elif isinstance(parent, list) and isinstance(last, int) and last <= len(parent):
+        value = copy.deepcopy(value)
+        if last == len(parent):
+            parent.append(value)
+        else:
+            parent[last] = value
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(changes=mutations)
+def test_reason_is_the_one_best_match_of_the_python_validator_picks(
+    changes: list[tuple[tuple[Any, ...], Any]],
+) -> None:
+    document = rich_document()
+    for path, value in changes:
+        put(document, path, value)
+    raw = orjson.dumps(document)
+    expected = reference_reason(orjson.loads(raw))
+    if expected is None:
+        assert parse_trace(raw).document == orjson.loads(raw)
+        return
+    with pytest.raises(SchemaViolationError) as excinfo:
+        parse_trace(raw)
+    assert excinfo.value.reason == expected
+
+
+def thin_steps(count: int) -> list[dict[str, Any]]:
+    return [{"step_id": i, "type": "thought"} for i in range(count)]
+
+
+def test_a_ten_thousand_step_trace_parses() -> None:
+    document = make_trace(steps=steps_of(*["thought", "tool_call"] * 5_000, tools={1: "grep"}))
+    trace = parse_trace(orjson.dumps(document))
+    assert len(trace.steps) == 10_000
+    assert trace.document == document
+
+
+def test_error_at_the_end_of_a_huge_array_is_named() -> None:
+    document = make_trace(steps=thin_steps(10_000))
+    document["steps"][-1]["type"] = "bogus"
+    with pytest.raises(SchemaViolationError) as excinfo:
+        parse_trace(orjson.dumps(document))
+    assert excinfo.value.reason == (
+        "steps[9999].type: 'bogus' is not one of thought, tool_call, observation, error_recovery"
+    )
+
+
+def test_when_every_item_is_bad_the_last_is_named_as_before() -> None:
+    document = make_trace(steps=[{"step_id": i, "type": "plan"} for i in range(10_000)])
+    with pytest.raises(SchemaViolationError, match=r"^steps\[9999\]\.type: 'plan' is not one of"):
+        parse_trace(orjson.dumps(document))
+
+
+def test_shallowest_then_greatest_path_wins_in_a_big_trace() -> None:
+    document = make_trace(steps=thin_steps(3_000))
+    document["steps"][10]["type"] = "plan"  # depth 3
+    document["steps"][2_999]["step_id"] = -1  # depth 3
+    document["steps"][1_500] = "x"  # depth 2
+    document["steps"][700] = 7  # depth 2, a smaller index
+    document["metadata"]["visibility"] = "public"  # depth 2, and "metadata" < "steps"
+    reason = "steps[1500]: expected object, got str 'x'"
+    assert reference_reason(document) == reason
+    with pytest.raises(SchemaViolationError) as excinfo:
+        parse_trace(orjson.dumps(document))
+    assert excinfo.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("created_at", "accepted"),
+    [
+        ("2025-01-15T12:00:00Z", True),
+        ("2025-01-15T12:00:00.123456+00:00", True),
+        ("2025-01-15T12:00:00", True),
+        ("2025-01-15 12:00:00", True),
+        ("2025-01-15T12", True),
+        ("20250115T120000", True),
+        ("2025-01-15T12:00:00 Z", True),
+        ("2025-01-15t12:00:00", False),
+        ("2024-01-01", False),
+        ("", False),
+        ("T", False),
+        ("2025-13-01T00:00:00", False),
+        ("2025-02-30T00:00:00", False),
+        ("2025-01-15T12:00:00+25:00", False),
+        (" 2025-01-15T12:00:00", False),
+    ],
+)
+def test_date_time_is_the_products_own_format(created_at: str, accepted: bool) -> None:
+    """Python's ISO parser with a time part, not RFC 3339: what the pure-Python check accepted."""
+    raw = trace_bytes(metadata={"created_at": created_at})
+    if accepted:
+        parse_trace(raw)
+        return
+    with pytest.raises(SchemaViolationError) as excinfo:
+        parse_trace(raw)
+    assert excinfo.value.reason == f"metadata.created_at: {created_at!r} is not a valid date-time"
+
+
+def test_duplicate_key_deep_in_the_last_of_many_steps_is_rejected() -> None:
+    raw = orjson.dumps(make_trace(steps=thin_steps(10_000)))
+    cut = raw.rindex(b'"type":"thought"}')
+    raw = raw[:cut] + b'"input":{"a":{"b":{"k":1,"k":{"c":2}}}},' + raw[cut:]
+    with pytest.raises(DuplicateKeyError) as excinfo:
+        parse_trace(raw)
+    assert excinfo.value.reason == "key 'k' appears twice in one object; its meaning is ambiguous"
+
+
+def content_raw(escaped_content: bytes, extra: bytes = b"") -> bytes:
+    """A valid trace whose first step's content is written as ``escaped_content`` (JSON text)."""
+    raw = trace_bytes(steps=[{"step_id": 0, "type": "thought", "content": "C"}])
+    return raw.replace(b'"content":"C"', b'"content":"' + escaped_content + b'"' + extra)
+
+
+@pytest.mark.parametrize(
+    ("escaped", "content"),
+    [
+        (b"\\u003a" * 500, ":" * 500),  # colons written as escapes
+        (b"\\u003A:", "::"),
+        (b"\\\\u003a", "\\u003a"),  # an escaped backslash, then the text u003a
+        (b"\\\\\\u003a", "\\:"),
+        (b'\\":', '":'),
+    ],
+)
+def test_colons_written_as_escapes_are_not_duplicate_keys(escaped: bytes, content: str) -> None:
+    assert parse_trace(content_raw(escaped)).steps[0]["content"] == content
+
+
+@pytest.mark.parametrize("escaped", [b"\\u003a" * 500, b"\\\\u003a", b"a:b", b'\\":', b""])
+def test_duplicate_keys_are_found_whatever_the_strings_hold(escaped: bytes) -> None:
+    with pytest.raises(DuplicateKeyError, match="'content' appears twice"):
+        parse_trace(content_raw(escaped, extra=b',"content":"again"'))
+    with pytest.raises(DuplicateKeyError, match="'x' appears twice"):
+        parse_trace(content_raw(escaped, extra=b',"input":{"x":"' + escaped + b'","x":1}'))
+
+
+def test_the_error_search_refuses_keywords_it_cannot_explain() -> None:
+    trace_module._check_supported(orjson.loads(trace_module.TRACE_SCHEMA_PATH.read_bytes()))
+    for schema in (
+        {"anyOf": [{"type": "string"}]},
+        {"properties": {"a": {"additionalProperties": False}}},
+        {"$defs": {"s": {"$ref": "#/$defs/s"}}},
+        {"$ref": "https://example.org/other.json"},
+    ):
+        with pytest.raises(trace_module.SchemaNotSupportedError):
+            trace_module._check_supported(schema)
+
+
+def test_python_objects_json_cannot_hold_are_a_schema_error_not_a_crash() -> None:
+    document = make_trace()
+    document["steps"][0]["content"] = {"a", "b"}
+    with pytest.raises(SchemaViolationError, match="not a JSON document"):
+        validate_trace(document)

@@ -1,27 +1,41 @@
 """Bytes -> validated ReasoningTrace, or a specific error saying what is wrong and where.
 
-Validation uses ``schemas/reasoning-trace.schema.json`` through ``jsonschema``; the rules
-live only in that file.
+The rules live only in ``schemas/reasoning-trace.schema.json``. Each step costs time bounded by
+the size of the input, with a small constant, so that no message can stall a partition:
+
+- decode: orjson; one orjson write-back of the result checks the nesting depth and, by
+  counting colons, whether orjson silently dropped a repeated key (only then does the slower
+  exact pass that names the key run);
+- validate: ``jsonschema-rs`` checks the document in one pass. Only an invalid document is
+  searched for the error to report, with depth-limited copies of the same schema: a few
+  passes, never one Python object per error (a huge array of bad items has one per item).
+
+The error reported is the one ``jsonschema``'s ``best_match`` picks, as before: the shallowest,
+then the one with the greatest path, then one whose value has the wrong type for its subschema.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
+import jsonschema_rs
 import orjson
-from jsonschema import Draft202012Validator, FormatChecker
-from jsonschema.exceptions import ValidationError, best_match
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 TRACE_SCHEMA_PATH = SCHEMA_DIR / "reasoning-trace.schema.json"
 DEFAULT_MAX_BYTES = 1_048_576
 MAX_DEPTH = 128  # nesting levels of arrays/objects, the document itself being level 1
 _SNIPPET_CHARS = 60
+_COLON_ESCAPE = re.compile(rb"\\u003[aA]")
 
 
 class TraceError(Exception):
@@ -108,6 +122,327 @@ class Trace:
         return f"{self.document['task']['objective']} {contents}"
 
 
+# --- decoding ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cycle collection while a decoder builds containers.
+
+    A decode creates no garbage cycles, but each container it allocates counts towards the
+    collector's thresholds: a 1 MiB array of small lists would start full collections that
+    walk the whole process heap (the model included) several times. Collection resumes after.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@cache
+def _orjson_write_depth() -> int:
+    """How many nesting levels orjson writes (254 in 3.x), measured rather than assumed."""
+    writable, too_deep = 1, 4096
+    while too_deep - writable > 1:
+        middle = (writable + too_deep) // 2
+        nested: list[Any] = []
+        for _ in range(middle - 1):
+            nested = [nested]
+        try:
+            orjson.dumps(nested)
+        except orjson.JSONEncodeError:
+            too_deep = middle
+        else:
+            writable = middle
+    return writable
+
+
+def _nested_deeper_than(document: Any, raw: bytes, limit: int) -> bool:
+    """Whether arrays/objects nest more than ``limit`` levels, by walking them level by level."""
+    if not isinstance(document, dict | list) or raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    level: list[Any] = [document]
+    for _ in range(limit):
+        level = [
+            child
+            for container in level
+            for child in (container.values() if isinstance(container, dict) else container)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
+
+
+def _too_deep() -> InvalidJsonError:
+    # orjson reads 1024 levels but writes only 254, so a deeper trace could be parsed and then
+    # not published; the scored output also wraps the trace in one more object.
+    return InvalidJsonError(f"not valid JSON: nested deeper than {MAX_DEPTH} levels")
+
+
+def _write_back(document: dict[str, Any] | list[Any], raw: bytes) -> bytes:
+    """orjson's bytes for ``document``, written inside enough arrays to fail past MAX_DEPTH.
+
+    orjson refuses to write more levels than it can (``_orjson_write_depth``); wrapping the
+    document in that many minus MAX_DEPTH arrays makes the write fail exactly when the
+    document nests deeper than MAX_DEPTH: a depth check at the speed of a C serializer.
+    """
+    spare = _orjson_write_depth() - MAX_DEPTH
+    if spare < 0:  # an orjson that writes fewer levels than the limit: walk instead
+        if _nested_deeper_than(document, raw, MAX_DEPTH):
+            raise _too_deep()
+        return orjson.dumps(document)
+    wrapped: Any = document
+    for _ in range(spare):
+        wrapped = [wrapped]
+    try:
+        return orjson.dumps(wrapped)
+    except orjson.JSONEncodeError as exc:
+        if "recursion" in str(exc).lower() or _nested_deeper_than(document, raw, MAX_DEPTH):
+            raise _too_deep() from None
+        raise InvalidJsonError(f"not valid JSON: {exc}") from None
+
+
+def _dropped_a_key(raw: bytes, written: bytes) -> bool:
+    """Whether orjson kept only the last of a repeated key somewhere in ``raw``.
+
+    Each key of the input has one colon after it, outside strings; colons inside strings are
+    written back as they decode. So the input has more colons than orjson's write-back exactly
+    when a key (with everything in its dropped value) was lost, once colons written as the
+    escape \\u003a (one colon when decoded, none in the input) are added back. Backslash pairs
+    are removed first so that an escaped backslash followed by "u003a" is not counted.
+    """
+    escaped = 0
+    if b"\\" in raw and _COLON_ESCAPE.search(raw):  # memchr first; re beats bytes.find here
+        unpaired = raw.replace(b"\\\\", b"")
+        escaped = unpaired.count(b"\\u003a") + unpaired.count(b"\\u003A")
+    return raw.count(b":") + escaped > written.count(b":")
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
+    """json's object hook for the exact pass: raises for the first object with a repeated key.
+
+    It returns nothing: only the error is wanted, and not building the objects makes the pass
+    cheaper. json calls it for each object as it closes, so inner objects are checked first.
+    """
+    if len(dict(pairs)) == len(pairs):
+        return
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise DuplicateKeyError(
+                f"key {_snippet(key)} appears twice in one object; its meaning is ambiguous"
+            )
+        seen.add(key)
+
+
+def decode_json(raw: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+    """Strict JSON: UTF-8 without BOM, no NaN/Infinity, no duplicate keys, size-limited."""
+    if raw is None or len(raw) == 0:
+        raise EmptyMessageError("message has no value (empty or tombstone)")
+    if len(raw) > max_bytes:
+        raise TooLargeError(f"message is {len(raw)} bytes, over the {max_bytes}-byte limit")
+    try:
+        with _gc_paused():
+            document = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        message = str(exc)
+        if "UTF-8" in message or "surrogate" in message:
+            raise EncodingError(f"not valid UTF-8 JSON text: {message}") from None
+        raise InvalidJsonError(f"not valid JSON: {message}") from None
+    if not isinstance(document, dict | list):
+        return document
+    written = _write_back(document, raw)
+    if isinstance(document, dict) and _dropped_a_key(raw, written):
+        # The exact pass names the first duplicate key; it builds every object in Python,
+        # so it runs only for input that has one.
+        try:
+            with _gc_paused():
+                json.loads(raw, object_pairs_hook=_reject_duplicate_keys)
+        except RecursionError:
+            raise InvalidJsonError("not valid JSON: nesting too deep") from None
+    return document
+
+
+def parse_trace(raw: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
+    """Decode and validate one message; raises a TraceError subclass on any problem."""
+    document = decode_json(raw, max_bytes)
+    if not isinstance(document, dict):
+        raise NotAnObjectError(
+            f"expected a JSON object (ReasoningTrace), got {type(document).__name__}"
+        )
+    return validate_trace(document)
+
+
+# --- the schema -------------------------------------------------------------------------------
+
+# Keywords the error search and ``_describe`` understand. A schema with any other keyword is
+# refused when the validator is built (every test fails), rather than checked by rules that
+# nothing here can explain to a producer.
+_ASSERTIONS = frozenset(
+    {
+        "type",
+        "enum",
+        "const",
+        "required",
+        "pattern",
+        "format",
+        "minLength",
+        "maxLength",
+        "minimum",
+        "maximum",
+        "minItems",
+    }
+)
+_APPLICATORS = frozenset({"properties", "items", "$ref"})
+_ANNOTATIONS = frozenset(
+    {
+        "$schema",
+        "$id",
+        "$comment",
+        "$defs",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+    }
+)
+
+_Node = tuple[str, ...]  # where a subschema sits in the schema document
+_View = tuple[_Node, ...]  # the subschemas that apply at one place in the instance
+_Path = list[str | int]
+_ROOT: _View = ((),)
+
+
+class SchemaNotSupportedError(Exception):
+    """The trace schema uses a keyword the error search cannot explain."""
+
+
+@cache
+def _schema() -> dict[str, Any]:
+    schema = orjson.loads(TRACE_SCHEMA_PATH.read_bytes())
+    jsonschema_rs.meta.validate(schema)
+    _check_supported(schema)
+    return schema  # type: ignore[no-any-return]
+
+
+def _resolve(schema: Any, node: _Node) -> Any:
+    for token in node:
+        schema = schema[token]
+    return schema
+
+
+def _at(node: _Node) -> dict[str, Any]:
+    return _resolve(_schema(), node)  # type: ignore[no-any-return]
+
+
+def _ref_node(ref: Any) -> _Node:
+    if ref == "#":
+        return ()
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        raise SchemaNotSupportedError(f"$ref {ref!r}: only references inside the schema")
+    return tuple(token.replace("~1", "/").replace("~0", "~") for token in ref[2:].split("/"))
+
+
+def _check_supported(root: dict[str, Any]) -> None:
+    """Every subschema is an object with known keywords, and no $ref chain comes back to itself."""
+    pending: list[_Node] = [()]
+    seen: set[_Node] = set()
+    while pending:
+        node = pending.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        schema = _resolve(root, node)
+        where = "/".join(node) or "(root)"
+        if not isinstance(schema, dict):
+            raise SchemaNotSupportedError(f"{where}: a subschema that is not an object")
+        unknown = schema.keys() - _ASSERTIONS - _APPLICATORS - _ANNOTATIONS
+        if unknown:
+            raise SchemaNotSupportedError(f"{where}: keywords {sorted(unknown)}")
+        pending += [(*node, "properties", name) for name in schema.get("properties", {})]
+        pending += [(*node, "$defs", name) for name in schema.get("$defs", {})]
+        if "items" in schema:
+            pending.append((*node, "items"))
+        chain = [node]
+        while isinstance(current := _resolve(root, chain[-1]), dict) and "$ref" in current:
+            target = _ref_node(current["$ref"])
+            if target in chain:
+                raise SchemaNotSupportedError(f"{where}: $ref chain loops back to itself")
+            chain.append(target)
+        pending += chain[1:]
+
+
+def _with_refs(node: _Node) -> list[_Node]:
+    """``node`` and the nodes its $ref chain brings in: all apply at the same place."""
+    nodes = [node]
+    while "$ref" in _at(nodes[-1]):
+        nodes.append(_ref_node(_at(nodes[-1])["$ref"]))
+    return nodes
+
+
+@cache
+def _local_keywords(view: _View) -> list[tuple[str, Any, _Node]]:
+    """(keyword, value, owning subschema) checked at this place, in the order jsonschema visits."""
+
+    def of(node: _Node) -> list[tuple[str, Any, _Node]]:
+        out: list[tuple[str, Any, _Node]] = []
+        for keyword, value in _at(node).items():
+            if keyword in _ASSERTIONS:
+                out.append((keyword, value, node))
+            elif keyword == "$ref":
+                out.extend(of(_ref_node(value)))
+        return out
+
+    return [entry for node in view for entry in of(node)]
+
+
+@cache
+def _property_names(view: _View) -> frozenset[str]:
+    return frozenset(
+        name for node in view for n in _with_refs(node) for name in _at(n).get("properties", {})
+    )
+
+
+@cache
+def _property_view(view: _View, name: str) -> _View:
+    return tuple(
+        (*n, "properties", name)
+        for node in view
+        for n in _with_refs(node)
+        if name in _at(n).get("properties", {})
+    )
+
+
+@cache
+def _items_view(view: _View) -> _View:
+    return tuple((*n, "items") for node in view for n in _with_refs(node) if "items" in _at(n))
+
+
+def _truncated(node: _Node, levels: int) -> dict[str, Any]:
+    """The subschema at ``node`` checking only ``levels`` levels below the place it applies to."""
+    schema = _at(node)
+    out: dict[str, Any] = {k: v for k, v in schema.items() if k in _ASSERTIONS}
+    if levels > 0:
+        if "properties" in schema:
+            out["properties"] = {
+                name: _truncated((*node, "properties", name), levels - 1)
+                for name in schema["properties"]
+            }
+        if "items" in schema:
+            out["items"] = _truncated((*node, "items"), levels - 1)
+    if "$ref" in schema:
+        out = {"allOf": [out, _truncated(_ref_node(schema["$ref"]), levels)]}
+    return out
+
+
 def _is_date_time(value: object) -> bool:
     if not isinstance(value, str):
         return True
@@ -118,13 +453,56 @@ def _is_date_time(value: object) -> bool:
     return "T" in value or " " in value
 
 
+def _not_checked(value: object) -> bool:
+    return True
+
+
 @cache
-def _validator() -> Draft202012Validator:
-    schema = orjson.loads(TRACE_SCHEMA_PATH.read_bytes())
-    Draft202012Validator.check_schema(schema)
-    checker = FormatChecker(formats=())
-    checker.checks("date-time")(_is_date_time)
-    return Draft202012Validator(schema, format_checker=checker)
+def _formats() -> dict[str, Callable[[object], bool]]:
+    """date-time as the product defines it; other formats stay annotations, as they were."""
+    names: set[str] = set()
+
+    def collect(schema: Any) -> None:
+        if isinstance(schema, dict):
+            if isinstance(schema.get("format"), str):
+                names.add(schema["format"])
+            for value in schema.values():
+                collect(value)
+
+    collect(_schema())
+    return {name: _is_date_time if name == "date-time" else _not_checked for name in names}
+
+
+def _compile(schema: dict[str, Any]) -> jsonschema_rs.Validator:
+    return jsonschema_rs.Draft202012Validator(schema, formats=_formats(), validate_formats=True)
+
+
+@cache
+def _validator() -> jsonschema_rs.Validator:
+    """The whole trace schema: the one check every valid trace pays for."""
+    return _compile(_schema())
+
+
+@cache
+def _within(view: _View, levels: int) -> jsonschema_rs.Validator:
+    """Valid iff nothing is wrong at this place or up to ``levels`` levels below it."""
+    parts = [_truncated(node, levels) for node in view]
+    return _compile(parts[0] if len(parts) == 1 else {"allOf": parts})
+
+
+@cache
+def _items_within(view: _View, levels: int) -> jsonschema_rs.Validator:
+    """For a run of array items: valid iff no item has an error ``levels`` deep or less."""
+    parts = [_truncated(node, levels) for node in view]
+    return _compile({"items": parts[0] if len(parts) == 1 else {"allOf": parts}})
+
+
+@cache
+def _keyword(node: _Node, keyword: str) -> jsonschema_rs.Validator:
+    return _compile({keyword: _at(node)[keyword]})
+
+
+# --- finding the error to report --------------------------------------------------------------
 
 
 def _snippet(value: object) -> str:
@@ -132,17 +510,16 @@ def _snippet(value: object) -> str:
     return text if len(text) <= _SNIPPET_CHARS else text[: _SNIPPET_CHARS - 3] + "..."
 
 
-def _json_path(path: Any) -> str:
+def _json_path(path: _Path) -> str:
     out = ""
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(root)"
 
 
-def _describe(error: ValidationError) -> str:
+def _describe(path: _Path, rule: str, expected: Any, got: Any) -> str:
     """One line a producer can act on, never quoting more than a snippet of their data."""
-    where = _json_path(error.absolute_path)
-    rule, expected, got = error.validator, error.validator_value, error.instance
+    where = _json_path(path)
     if rule == "enum":
         return f"{where}: {_snippet(got)} is not one of {', '.join(map(str, expected))}"
     if rule == "const":
@@ -163,80 +540,114 @@ def _describe(error: ValidationError) -> str:
         return f"{where}: needs at least {expected} item(s)"
     if rule == "pattern":
         return f"{where}: {_snippet(got)} does not match {expected}"
-    if rule == "format":
-        return f"{where}: {_snippet(got)} is not a valid {expected}"
-    return f"{where}: {error.message[:200]}"
+    return f"{where}: {_snippet(got)} is not a valid {expected}"  # format
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise DuplicateKeyError(
-                f"key {_snippet(key)} appears twice in one object; its meaning is ambiguous"
-            )
-        seen[key] = value
-    return seen
-
-
-def _nested_deeper_than(document: Any, raw: bytes, limit: int) -> bool:
-    """Whether arrays/objects nest more than ``limit`` levels (cheap unless the input could)."""
-    if not isinstance(document, dict | list) or raw.count(b"[") + raw.count(b"{") <= limit:
+def _is_type(value: object, name: str) -> bool:
+    """JSON Schema types as ``jsonschema`` reads Python values (2.0 is an integer)."""
+    if name == "object":
+        return isinstance(value, dict)
+    if name == "array":
+        return isinstance(value, list)
+    if name == "string":
+        return isinstance(value, str)
+    if name == "null":
+        return value is None
+    if name == "boolean":
+        return isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return False
-    level: list[Any] = [document]
-    for _ in range(limit):
-        level = [
-            child
-            for container in level
-            for child in (container.values() if isinstance(container, dict) else container)
-            if isinstance(child, dict | list)
-        ]
-        if not level:
-            return False
-    return True
+    return name == "number" or isinstance(value, int) or value.is_integer()
 
 
-def decode_json(raw: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
-    """Strict JSON: UTF-8 without BOM, no NaN/Infinity, no duplicate keys, size-limited."""
-    if raw is None or len(raw) == 0:
-        raise EmptyMessageError("message has no value (empty or tombstone)")
-    if len(raw) > max_bytes:
-        raise TooLargeError(f"message is {len(raw)} bytes, over the {max_bytes}-byte limit")
-    try:
-        document = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        message = str(exc)
-        if "UTF-8" in message or "surrogate" in message:
-            raise EncodingError(f"not valid UTF-8 JSON text: {message}") from None
-        raise InvalidJsonError(f"not valid JSON: {message}") from None
-    if _nested_deeper_than(document, raw, MAX_DEPTH):
-        # orjson reads 1024 levels but writes only 254, so a deeper trace could be parsed and
-        # then not published; the scored output also wraps the trace in one more object.
-        raise InvalidJsonError(f"not valid JSON: nested deeper than {MAX_DEPTH} levels")
-    if isinstance(document, dict) and b'"' in raw:
-        # orjson keeps the last of duplicate keys silently; a second strict pass catches them.
-        try:
-            json.loads(raw, object_pairs_hook=_reject_duplicate_keys)
-        except RecursionError:
-            raise InvalidJsonError("not valid JSON: nesting too deep") from None
-    return document
+def _wrong_type(owner: _Node, value: object) -> bool:
+    """best_match prefers errors whose value does not have its subschema's declared type."""
+    expected = _at(owner).get("type")
+    if expected is None:
+        return True
+    names = [expected] if isinstance(expected, str) else expected
+    return not any(_is_type(value, name) for name in names)
 
 
-def parse_trace(raw: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
-    """Decode and validate one message; raises a TraceError subclass on any problem."""
-    document = decode_json(raw, max_bytes)
-    if not isinstance(document, dict):
-        raise NotAnObjectError(
-            f"expected a JSON object (ReasoningTrace), got {type(document).__name__}"
-        )
-    return validate_trace(document)
+def _last_invalid_item(items: list[Any], check: jsonschema_rs.Validator) -> int | None:
+    """Greatest index whose item fails ``check``: halving from the end, about one pass in all."""
+    low, high, known = 0, len(items), False
+    while high - low > 1:
+        middle = (low + high) // 2
+        if check.is_valid(items[middle:high]):
+            high = middle
+        else:
+            low, known = middle, True
+    if high - low == 1 and (known or not check.is_valid(items[low:high])):
+        return low
+    return None
+
+
+class _SearchFailedError(Exception):
+    """The depth-limited checks disagree with the full one (never expected)."""
+
+
+def _local_reason(instance: Any, view: _View, path: _Path) -> str | None:
+    """The error reported for this very place, if a keyword fails here."""
+    failing = [
+        (keyword, value, owner)
+        for keyword, value, owner in _local_keywords(view)
+        if not _keyword(owner, keyword).is_valid(instance)
+    ]
+    if not failing:
+        return None
+    keyword, value, _ = max(failing, key=lambda entry: _wrong_type(entry[2], instance))
+    return _describe(path, keyword, value, instance)
+
+
+def _reason_below(instance: Any, view: _View, levels: int, path: _Path) -> str | None:
+    """The reported error exactly ``levels`` below this place, knowing none is shallower.
+
+    Children are tried from the greatest key down, as best_match prefers the greatest path.
+    An array is never checked item by item: ``_last_invalid_item`` halves it instead.
+    """
+    if levels == 0:
+        return _local_reason(instance, view, path)
+    if isinstance(instance, dict):
+        for name in sorted(_property_names(view) & instance.keys(), reverse=True):
+            child, child_view = instance[name], _property_view(view, name)
+            # An array child cannot fail here (that would be shallower): its items are searched.
+            if isinstance(child, list) or not _within(child_view, levels - 1).is_valid(child):
+                reason = _reason_below(child, child_view, levels - 1, [*path, name])
+                if reason is not None:
+                    return reason
+    elif isinstance(instance, list) and (items := _items_view(view)):
+        index = _last_invalid_item(instance, _items_within(items, levels - 1))
+        if index is not None:
+            return _reason_below(instance[index], items, levels - 1, [*path, index])
+    return None
+
+
+def _reason(document: dict[str, Any]) -> str:
+    """The error best_match would report, found with depth-limited checks of the schema.
+
+    best_match ranks errors by (shallowest path, greatest path, wrong type for its subschema)
+    and takes the first of the best. So: try each depth from the root down, and at the first
+    depth that has an error, walk to it through the greatest keys that hold one.
+    """
+    for depth in range(MAX_DEPTH + 2):  # errors sit no deeper than the document nests
+        reason = _reason_below(document, _ROOT, depth, [])
+        if reason is not None:
+            return reason
+    raise _SearchFailedError
 
 
 def validate_trace(document: dict[str, Any]) -> Trace:
-    """Schema-check an already decoded document (the fast path never builds error objects)."""
+    """Schema-check an already decoded document (the fast path builds no error objects)."""
     validator = _validator()
-    if not validator.is_valid(document):
-        # best_match picks the most specific error, so the path points at the bad field.
-        error = best_match(validator.iter_errors(document))
-        raise SchemaViolationError(_describe(error) if error else "does not match the schema")
-    return Trace(document)
+    try:
+        if validator.is_valid(document):
+            return Trace(document)
+        reason = _reason(document)
+    except _SearchFailedError:
+        reason = "does not match the schema"
+    except ValueError as exc:
+        # Only Python objects that JSON cannot hold (a set, an int key) get here: parse_trace
+        # never passes one.
+        reason = f"(root): not a JSON document ({str(exc)[:120]})"
+    raise SchemaViolationError(reason)

@@ -1,0 +1,395 @@
+"""Decode, validate, embed-text and scoring time of the costliest inputs under the size limit.
+
+    python bench/hostile_inputs.py [--repeats 7] [--max-bytes 1048576]
+
+Targets (issue "Validation in bounded time"): every input up to KP_MAX_MESSAGE_BYTES decoded
+and validated in <= 20 ms, a typical trace (10-30 steps) in <= 0.5 ms.
+
+Every case is built here, in memory, as close to the size limit as its shape allows:
+
+- valid: typical traces; the most steps that fit; long strings full of escapes and non-ASCII;
+  a distinct tool per step; step inputs nested to the depth limit; escapes in every key and
+  value; one field padding the trace to exactly the limit; an unknown field holding the most
+  small arrays or numbers that fit (the most Python objects per byte);
+- invalid: an error in the last of the most steps that fit, in every one of them, or at the
+  root of such a trace; a duplicate key deep in the last step; nesting one level over the
+  limit and past orjson's own limit; JSON cut short by one byte; one byte over the limit.
+
+Columns, in milliseconds, each the median of ``--repeats`` runs: ``orjson`` is bare
+``orjson.loads`` (the floor any decode pays: it builds every Python object), ``decode`` is
+``worker.trace.decode_json`` (orjson, depth and duplicate-key checks), ``validate`` is
+``validate_trace`` (``jsonschema-rs``; for an invalid trace, also finding the error to report),
+then ``Trace.embedding_text()`` and ``score_trace`` for the traces that parse. ``total`` is
+decode + validate + embed-text + score. A thread ticking every 0.5 ms meanwhile measures the
+longest time it was kept waiting: what the worker's event loop (heartbeats, other partitions)
+would wait while a record is checked in the scoring thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import Any
+
+import orjson
+
+from worker.scoring import BUILTIN_PROFILES, Novelty, ProfileSet, score_trace
+from worker.trace import (
+    DEFAULT_MAX_BYTES,
+    MAX_DEPTH,
+    Trace,
+    TraceError,
+    decode_json,
+    validate_trace,
+)
+
+TARGET_WORST_MS = 20.0
+TARGET_TYPICAL_MS = 0.5
+PROFILES = ProfileSet(BUILTIN_PROFILES)
+TOOLS = ["search", "grep", "shell", "browser", "calc", "sql"]
+TEXT = 'Checked the "retry" path: naïve backoff → 3 × 200 ms\n\tthen ✓ 🚀 \\ done'
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    raw: bytes
+    typical: bool = False
+
+
+def base(**top: Any) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "@context": "https://openknowledgepulse.org/schema/v1",
+        "@type": "ReasoningTrace",
+        "id": "kp:trace:hostile-0001",
+        "metadata": {
+            "created_at": "2025-01-15T12:00:00Z",
+            "task_domain": "code",
+            "success": True,
+            "quality_score": 0.5,
+            "visibility": "network",
+            "privacy_level": "aggregated",
+        },
+        "task": {"objective": "Find why the nightly build fails"},
+        "steps": [],
+        "outcome": {"result_summary": "found it", "confidence": 0.8},
+    }
+    document.update(top)
+    return document
+
+
+def realistic_step(index: int) -> dict[str, Any]:
+    kind = ["thought", "tool_call", "observation", "error_recovery"][index % 4]
+    step: dict[str, Any] = {"step_id": index, "type": kind, "content": f"{TEXT} #{index}"}
+    if kind == "tool_call":
+        step["tool"] = {"name": TOOLS[index % len(TOOLS)], "mcp_server": "ci"}
+        step["input"] = {"query": f"job {index}", "limit": 20, "filters": {"branch": "main"}}
+        step["latency_ms"] = 12.5
+    if kind == "observation":
+        step["output_summary"] = "3 failures in test_stream.py"
+    return step
+
+
+def short_step(index: int) -> dict[str, Any]:
+    """About 89 bytes: 10,000 of them make the 890 kB trace of the issue."""
+    return {
+        "step_id": index,
+        "type": "thought",
+        "content": f"Read the log of job {index:05d}, no hit",
+    }
+
+
+def thin_step(index: int) -> dict[str, Any]:
+    return {"step_id": index, "type": "thought"}
+
+
+def tool_step(index: int) -> dict[str, Any]:
+    return {
+        **realistic_step(1),
+        "step_id": index,
+        "tool": {"name": f"tool-{index}", "mcp_server": f"s{index}"},
+    }
+
+
+def deep_input_step(index: int) -> dict[str, Any]:
+    # the document is level 1, steps 2, a step 3, its input 4: n objects reach level 3 + n
+    return {
+        "step_id": index,
+        "type": "tool_call",
+        "tool": {"name": "t"},
+        "input": nested(MAX_DEPTH - 3),
+    }
+
+
+def escaped_step(index: int) -> dict[str, Any]:
+    return {
+        "step_id": index,
+        "type": "observation",
+        "content": 'é"\\\u2028\u0001✓',
+        'x_ключ\n"': ["\\u003a", "🚀", "\t"],
+    }
+
+
+def long_text_step(index: int) -> dict[str, Any]:
+    return {"step_id": index, "type": "thought", "content": TEXT * 4_000}
+
+
+def fill(document: dict[str, Any], limit: int, make: Callable[[int], Any], field: str) -> bytes:
+    """The document with as many ``make(i)`` in ``document[field]`` as fit in ``limit`` bytes."""
+    document[field] = []
+    size = len(orjson.dumps(document))
+    items: list[Any] = []
+    while True:
+        item = make(len(items))
+        size += len(orjson.dumps(item)) + (1 if items else 0)
+        if size > limit and items:
+            break
+        items.append(item)
+    document[field] = items
+    return orjson.dumps(document)
+
+
+def fill_steps(limit: int, make: Callable[[int], dict[str, Any]]) -> bytes:
+    return fill(base(), limit, make, "steps")
+
+
+def padded(document: dict[str, Any], limit: int) -> bytes:
+    document["x_pad"] = ""
+    document["x_pad"] = "p" * (limit - len(orjson.dumps(document)))
+    return orjson.dumps(document)
+
+
+def nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+def escaped_colons(limit: int) -> bytes:
+    """A content of colons all written as the escape \\u003a, which orjson writes back as ':'."""
+    head, tail = orjson.dumps(base(steps=[{"step_id": 0, "type": "thought", "content": ""}])).split(
+        b'"content":""'
+    )
+    count = (limit - len(head) - len(tail) - len(b'"content":""')) // 6
+    return head + b'"content":"' + b"\\u003a" * count + b'"' + tail
+
+
+def replace_last(raw: bytes, old: bytes, new: bytes) -> bytes:
+    cut = raw.rindex(old)
+    return raw[:cut] + new + raw[cut + len(old) :]
+
+
+def nesting_in_last_step(steps: bytes, levels: int) -> bytes:
+    """``steps`` (a trace of thin steps) with the last step's input nesting to ``levels``."""
+    deep = b'"input":' + b'{"a":' * (levels - 3) + b"1" + b"}" * (levels - 3) + b","
+    return replace_last(steps, b'"type":"thought"}', deep + b'"type":"thought"}')
+
+
+def cases(limit: int) -> list[Case]:
+    most = fill_steps(limit, thin_step)
+    room = fill_steps(limit - 2 * MAX_DEPTH * 6, thin_step)  # room for a deep last input
+    one = [thin_step(0)]
+    return [
+        Case(
+            "typical, 10 steps",
+            orjson.dumps(base(steps=[realistic_step(i) for i in range(10)])),
+            True,
+        ),
+        Case(
+            "typical, 30 steps",
+            orjson.dumps(base(steps=[realistic_step(i) for i in range(30)])),
+            True,
+        ),
+        Case(
+            "10,000 steps (the issue's)",
+            orjson.dumps(base(steps=[short_step(i) for i in range(10_000)])),
+        ),
+        Case("most steps that fit", most),
+        Case("long strings, escapes, non-ASCII", fill_steps(limit, long_text_step)),
+        Case("a distinct tool per step", fill_steps(limit, tool_step)),
+        Case("inputs at the depth limit", fill_steps(limit, deep_input_step)),
+        Case("escapes in keys and values", fill_steps(limit, escaped_step)),
+        Case("colons escaped as \\u003a", escaped_colons(limit)),
+        Case("padded to the limit", padded(base(steps=[realistic_step(0)]), limit)),
+        Case("extra field: [] x N", fill(base(steps=one), limit, lambda i: [], "x_lists")),
+        Case("extra field: {} x N", fill(base(steps=one), limit, lambda i: {}, "x_objects")),
+        Case("extra field: 0 x N", fill(base(steps=one), limit, lambda i: 0, "x_numbers")),
+        Case("depth = limit, most steps", nesting_in_last_step(room, MAX_DEPTH)),
+        Case("bad: depth = limit + 1", nesting_in_last_step(room, MAX_DEPTH + 1)),
+        Case(
+            "bad: depth 1025 (orjson's limit)",
+            nesting_in_last_step(fill_steps(limit - 12_400, thin_step), 1025),
+        ),
+        Case("bad: last of most steps", replace_last(most, b'"thought"', b'"thougxt"')),
+        Case("bad: every one of most steps", most.replace(b'"thought"', b'"thougxt"')),
+        Case("bad: root field missing", most.replace(b'"@type":"ReasoningTrace",', b"")),
+        Case(
+            "bad: duplicate key deep in last step",
+            nesting_in_last_step(room, 8).replace(b'"a":1}', b'"a":1,"a":2}'),
+        ),
+        Case("bad: cut one byte short", most[:-1]),
+        Case("bad: one byte over the limit", padded(base(steps=one), limit + 1)),
+    ]
+
+
+def median_ms(action: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """Median wall time of ``action`` in ms, and its result (or the TraceError it raised)."""
+    times: list[float] = []
+    outcome: Any = None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        try:
+            outcome = action()
+        except TraceError as error:
+            outcome = error
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times), outcome
+
+
+@dataclass
+class Row:
+    case: Case
+    outcome: str
+    orjson_ms: float | None
+    decode_ms: float
+    validate_ms: float | None = None
+    embed_ms: float | None = None
+    score_ms: float | None = None
+
+    @property
+    def checked_ms(self) -> float:
+        return self.decode_ms + (self.validate_ms or 0.0)
+
+    @property
+    def total_ms(self) -> float:
+        return self.checked_ms + (self.embed_ms or 0.0) + (self.score_ms or 0.0)
+
+
+def bare_orjson(raw: bytes) -> Any:
+    """orjson.loads as decode_json runs it (collector paused): the floor of any decode."""
+    gc.disable()
+    try:
+        return orjson.loads(raw)
+    finally:
+        gc.enable()
+
+
+def measure(case: Case, repeats: int, limit: int) -> Row:
+    raw = case.raw
+    orjson_ms: float | None = None
+    if len(raw) <= limit:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            orjson_ms, _ = median_ms(lambda: bare_orjson(raw), repeats)
+    decode_ms, document = median_ms(lambda: decode_json(raw, limit), repeats)
+    if isinstance(document, TraceError):
+        return Row(case, document.kind, orjson_ms, decode_ms)
+    validate_ms, trace = median_ms(lambda: validate_trace(document), repeats)
+    if isinstance(trace, TraceError):
+        return Row(case, trace.kind, orjson_ms, decode_ms, validate_ms)
+    assert isinstance(trace, Trace)
+    embed_ms, _ = median_ms(trace.embedding_text, repeats)
+    score_ms, _ = median_ms(lambda: score_trace(trace, Novelty.empty_cache(), PROFILES), repeats)
+    return Row(case, "valid", orjson_ms, decode_ms, validate_ms, embed_ms, score_ms)
+
+
+def longest_wait_ms(raw: bytes, limit: int, rounds: int) -> float:
+    """Longest gap a thread ticking every 0.5 ms sees while this input is decoded and checked."""
+    stop = threading.Event()
+    gaps: list[float] = []
+
+    def tick() -> None:
+        last = time.perf_counter()
+        while not stop.is_set():
+            time.sleep(0.0005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    time.sleep(0.05)
+    gaps.clear()
+    for _ in range(rounds):
+        with contextlib.suppress(TraceError):
+            validate_trace(decode_json(raw, limit))
+    stop.set()
+    ticker.join()
+    return max(gaps) * 1000
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES)
+    args = parser.parse_args()
+    limit = args.max_bytes
+
+    print(
+        f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"orjson {version('orjson')}, jsonschema-rs {version('jsonschema-rs')}; "
+        f"limit {limit} bytes; median of {args.repeats} runs; load average "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    built = cases(limit)
+    validate_trace(decode_json(built[0].raw))  # compile the validator before timing
+    header = (
+        f"{'case (ms)':38} {'bytes':>9} {'outcome':>13} {'orjson':>7} {'decode':>7} "
+        f"{'validate':>8} {'embed-text':>10} {'score':>6} {'total':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    rows: list[Row] = []
+    for case in built:
+        gc.collect()
+        row = measure(case, args.repeats, limit)
+        rows.append(row)
+        print(
+            f"{case.name:38} {len(case.raw):>9} {row.outcome:>13} {fmt(row.orjson_ms):>7} "
+            f"{fmt(row.decode_ms):>7} {fmt(row.validate_ms):>8} {fmt(row.embed_ms):>10} "
+            f"{fmt(row.score_ms):>6} {fmt(row.total_ms):>7}",
+            flush=True,
+        )
+
+    worst = max(rows, key=lambda r: r.checked_ms)
+    typical = max((r for r in rows if r.case.typical), key=lambda r: r.checked_ms)
+    over = [r for r in rows if r.checked_ms > TARGET_WORST_MS]
+    print()
+    print(
+        f"worst decode+validate: {worst.checked_ms:.2f} ms ({worst.case.name}), "
+        f"target <= {TARGET_WORST_MS:.0f} ms: {'met' if not over else 'NOT met'}"
+    )
+    for row in over:
+        floor = row.orjson_ms or 0.0
+        print(
+            f"  over: {row.case.name}: {row.checked_ms:.2f} ms = {floor:.2f} bare orjson.loads "
+            f"+ {row.checked_ms - floor:.2f} the checks"
+        )
+    print(
+        f"typical trace decode+validate: {typical.checked_ms:.3f} ms ({typical.case.name}), "
+        f"target <= {TARGET_TYPICAL_MS} ms: "
+        f"{'met' if typical.checked_ms <= TARGET_TYPICAL_MS else 'NOT met'}"
+    )
+    rounds = max(3, args.repeats)
+    wait = longest_wait_ms(worst.case.raw, limit, rounds)
+    print(
+        f"longest wait of a thread ticking every 0.5 ms while the worst case is checked "
+        f"{rounds} times: {wait:.2f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
