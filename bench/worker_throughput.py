@@ -1,36 +1,36 @@
-"""End-to-end Kafka -> Kafka throughput of ONE worker process, next to the onnxruntime ceiling.
+"""Throughput of the scorer on one machine, next to what bare onnxruntime reaches on it.
 
-    python bench/worker_throughput.py [--quick] [--records N] [--threads T] [--batch-max B]
-                                      [--within S] [--chunk C] [--embed-batch E[,E2...]]
-                                      [--fetch-max-wait-ms M] [--profile]
+    python bench/worker_throughput.py [--quick] [--records N] [--env KEY=VALUE ...]
+                                      [--repeat-texts] [--profile]
 
-On the embedded broker: a 4-partition input topic, one `kp-scorer worker` subprocess
-(KP_EMBED_THREADS = --threads, default the machine's cores). After a small warm-up (group
-joined, partitions initialised, model arena sized) a backlog of N records is produced at once
-(examples/traces.jsonl replicated in order, unique ids, 32 keys), and the worker's rate is
-read from its output records' broker timestamps (CreateTime, set by the worker's producer):
-first to last output. With --embed-batch 1,8 one worker per value runs in turn.
+One corpus of N traces (default 480; examples/traces.jsonl replicated in order with unique
+ids and, unless --repeat-texts, unique embedding texts so every trace costs one model run),
+measured four ways in one run:
 
-The ceiling is bare `InferenceSession.run()` on the SAME embedding texts
-(parse_trace(line).embedding_text()), pre-tokenized and pre-padded, with the embedder's own
-session options and the same intra-op threads (bench/embed_ceiling.py's approach), measured
-in this process before, between and after the worker runs (never while one runs). The texts
-repeat with period 50 and takes hold 8, so the first 200 texts form exactly the chunks of the
-whole corpus (N a multiple of 200); the ceiling runs over those:
+1. bare single-session ceiling: ONE onnxruntime session with intra-op threads = all cores,
+   the texts pre-tokenized and run one after another, one text per run (no padding), with
+   the worker's session options (worker.embedder.session_options);
+2. concurrent ceiling: one session with 1 intra-op thread, run from `cores` threads at once
+   on the same pre-tokenized texts (how the worker runs its model);
+3. offline: `kp-scorer score FILE` on the corpus as a JSONL file, the whole process timed
+   (traces/s = lines / time); a run on 1 line is timed too, and "steady" is
+   (N - 1) / (time of N lines - time of 1 line): the rate without process start-up;
+4. the stream worker: a `kp-scorer worker` subprocess on the embedded broker (4 input
+   partitions). After a small warm-up (group joined, partitions initialised, model warm) the
+   corpus is produced at once as a backlog; the rate is read from the output records' broker
+   timestamps (CreateTime, set by the worker's producer), first to last output. Its RSS, its
+   CPU and its /metrics deltas (pipeline depth, reused embeddings, stage times) are printed.
 
-- "ceiling, takes of 8": the texts in production order, chunks of 8, each chunk sorted by
-  length and run as one batch (KP_EMBED_BATCH_SIZE=8 on one take of the worker);
-- "ceiling, takes of 8, batch 1": the same texts, one per run (no padding at all; what the
-  shipped KP_EMBED_BATCH_SIZE=1 runs);
-- "ceiling, all sorted": all texts sorted by length, batches of 8 -- what length bucketing
-  across a larger backlog could reach;
-- "embed(), takes of 8": OnnxEmbedder.embed() on the same chunks (adds tokenization,
-  pooling), with the shipped batch size 1.
+Both ceilings are measured in this process before and after 3 and 4 (never while they run;
+the machine may be shared, so the ratios use the mean of the two). The ceilings use the
+model the worker loads (KP_MODEL_PATH if --env sets it, else the packaged model).
 
-The ratio's denominator is the BEST of the three raw ceilings (the strictest yardstick).
+--env KEY=VALUE (repeatable) goes to the offline and worker processes, e.g.
+--env KP_EMBED_CONCURRENCY=1; without it both run the shipped settings.
+--profile samples the worker with py-spy during the backlog (pip install py-spy).
 
-The stage breakdown is the delta of the worker's kp_stage_latency_seconds over the burst.
---profile samples the worker with py-spy during the burst (pip install py-spy).
+RATIO lines: offline and worker against the bare single-session ceiling (target >= 1.2),
+and against the concurrent ceiling (no target: how much of the parallel ceiling is reached).
 """
 
 from __future__ import annotations
@@ -41,10 +41,12 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import _common as c
@@ -53,45 +55,80 @@ import numpy as np
 from worker.embedded_broker import EmbeddedBroker
 
 WARMUP_RECORDS = 24
-CEILING_PERIOD = 200  # lcm(50 distinct texts, takes of 8)
-TARGET_RATIO = 0.8
-RAW_CEILINGS = ("takes of 8", "takes of 8, batch 1", "all sorted")
+TARGET_RATIO = 1.2
+DEFAULT_RECORDS = 480
+QUICK_RECORDS = 120
 
 
-def measure_ceiling(
-    ceiling: c.Ceiling, texts: list[str], reverse: bool
-) -> dict[str, tuple[float, float]]:
-    """The three embedding-only rates (texts per wall s, per CPU s), each over all texts once;
-    the order alternates between calls."""
-    takes = ceiling.feeds(texts, chunk=8)
-    singles = ceiling.feeds(texts, chunk=8, batch=1)
-    bucketed = ceiling.feeds(texts, chunk=len(texts))
-    runs = [
-        ("takes of 8", lambda: ceiling.rate(takes, len(texts))),
-        ("takes of 8, batch 1", lambda: ceiling.rate(singles, len(texts))),
-        ("all sorted", lambda: ceiling.rate(bucketed, len(texts))),
-        ("embed()", lambda: ceiling.embed_rate(texts, chunk=8)),
-    ]
+@dataclass
+class Offline:
+    lines: int
+    seconds: float  # whole process, N lines
+    one_line_seconds: float  # whole process, 1 line
+    summary: str  # what kp-scorer printed last on stderr
+
+    @property
+    def rate(self) -> float:
+        return self.lines / self.seconds
+
+    @property
+    def steady_rate(self) -> float:
+        extra = self.seconds - self.one_line_seconds
+        return (self.lines - 1) / extra if extra > 0 else float("nan")
+
+
+def measure_ceilings(ceiling: c.Ceiling, reverse: bool) -> dict[str, tuple[float, float]]:
+    """Both ceilings over all texts once (texts per wall s, per CPU s); order alternates."""
+    runs = [("single", ceiling.single_rate), ("concurrent", ceiling.concurrent_rate)]
     if reverse:
         runs.reverse()
     return {name: run() for name, run in runs}
 
 
+def run_offline(records: list[c.Record], env: dict[str, str]) -> Offline:
+    folder = Path(tempfile.mkdtemp(prefix="kp-bench-offline-"))
+    try:
+        full = c.write_jsonl(records, folder / "traces.jsonl")
+        one = c.write_jsonl(records[:1], folder / "one.jsonl")
+        process_env = {**os.environ, "KP_LOG_LEVEL": "WARNING", **env}
+
+        def timed(path: Path, lines: int) -> tuple[float, str]:
+            out = folder / "out.jsonl"
+            started = time.perf_counter()
+            with out.open("wb") as stdout:
+                done = subprocess.run(
+                    [sys.executable, "-m", "worker.cli", "score", str(path)],
+                    env=process_env,
+                    stdout=stdout,
+                    stderr=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL,
+                    cwd=c.REPO,
+                    check=False,
+                )
+            seconds = time.perf_counter() - started
+            stderr = done.stderr.decode(errors="replace").strip()
+            written = out.read_bytes().count(b"\n")
+            if done.returncode != 0 or written != lines:
+                raise RuntimeError(
+                    f"kp-scorer score exited {done.returncode} with {written}/{lines} lines:\n"
+                    f"{stderr[-2000:]}"
+                )
+            return seconds, (stderr.splitlines() or [""])[-1]
+
+        one_seconds, _ = timed(one, 1)
+        seconds, summary = timed(full, len(records))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return Offline(len(records), seconds, one_seconds, summary)
+
+
 async def run_worker(
-    args: argparse.Namespace, records: list[c.Record], embed_batch: int
+    args: argparse.Namespace, records: list[c.Record], env: dict[str, str]
 ) -> tuple[dict[str, float], list[str]]:
     broker = EmbeddedBroker()
     broker.start()
     topics = c.Topics(f"bench-tp-{uuid.uuid4().hex[:8]}")
-    env = {
-        **topics.worker_env(),
-        "KP_EMBED_THREADS": str(args.threads),
-        "KP_BATCH_MAX_RECORDS": str(args.batch_max),
-        "KP_BATCH_WITHIN_SECONDS": str(args.within),
-        "KP_EMBED_BATCH_SIZE": str(embed_batch),
-        "KP_SCORE_CHUNK_RECORDS": str(args.chunk),
-    }
-    worker = c.Worker(broker.bootstrap_servers, args.fetch_max_wait_ms, **env)
+    worker = c.Worker(broker.bootstrap_servers, **topics.worker_env(), **env)
     collector = c.OutputCollector(broker.bootstrap_servers, topics)
     lines: list[str] = []
     try:
@@ -100,7 +137,9 @@ async def run_worker(
         await worker.wait_serving()
         await collector.start()
         warm = await c.produce_burst(
-            broker.bootstrap_servers, topics.input, c.corpus(WARMUP_RECORDS, "warm")
+            broker.bootstrap_servers,
+            topics.input,
+            c.corpus(WARMUP_RECORDS, "warm", not args.repeat_texts),
         )
         await collector.wait_for([(s.partition, s.offset) for s in warm], timeout=180)
         await asyncio.sleep(0.5)
@@ -138,33 +177,32 @@ async def run_worker(
     decisions = Counter(o.decision for o in outputs)
     diff = c.delta(after, before)
     wall = finished - started
+    worker_cpu = cpu_after["worker"] - cpu_before["worker"]
     lines.append(
-        f"worker with KP_EMBED_BATCH_SIZE={embed_batch}: {len(outputs)} outputs "
-        f"({dict(decisions)}), duplicates {collector.duplicates}; burst produced in "
-        f"{produced - started:.2f} s; load average at start {load_at_start}"
+        f"worker: {len(outputs)} outputs ({dict(decisions)}), duplicates "
+        f"{collector.duplicates}; backlog produced in {produced - started:.2f} s; load average "
+        f"at start {load_at_start}"
     )
     lines.append(
         f"  rate first->last output {rate:.1f} traces/s over {span:.2f} s; "
-        f"burst acked->last output {rate_from_burst:.1f} traces/s"
+        f"backlog acked->last output {rate_from_burst:.1f} traces/s"
     )
     lines.append(
-        "  CPU during the burst (cores busy): "
+        "  CPU during the backlog (cores busy): "
         + ", ".join(f"{k} {(cpu_after[k] - cpu_before[k]) / wall:.2f}" for k in cpu_after)
         + f"  (wall {wall:.2f} s, {os.cpu_count()} cores)"
     )
-    latency = c.histogram(diff, "kp_trace_latency_seconds")
     lines.append(
-        f"  worker RSS {rss:.0f} MiB (peak {hwm:.0f} MiB); kp_trace_latency p50 "
-        f"{c.fmt_ms(latency.quantile(0.5))} ms (backlog: queueing dominates)"
+        f"  worker RSS {rss:.0f} MiB (peak {hwm:.0f} MiB); {len(outputs) / worker_cpu:.1f} "
+        "traces per worker CPU-second"
     )
-    lines.append("stage breakdown over the burst (worker /metrics deltas):")
-    lines += c.stage_table(diff, span, args.chunk)
+    lines.append("  pipeline over the backlog (worker /metrics deltas):")
+    lines += ["  " + line for line in c.pipeline_lines(diff, span)]
     if profile:
-        lines.append("py-spy profile of the worker during the burst (share of samples):")
+        lines.append("py-spy profile of the worker during the backlog (share of samples):")
         lines += profile
-    per_cpu = len(outputs) / max(cpu_after["worker"] - cpu_before["worker"], 1e-9)
-    result = {"rate": rate, "rate_from_burst": rate_from_burst, "span": span, "per_cpu": per_cpu}
-    return result, lines
+    per_cpu = len(outputs) / max(worker_cpu, 1e-9)
+    return {"rate": rate, "per_cpu": per_cpu}, lines
 
 
 def start_profiler(pid: int | None, seconds: float) -> tuple[subprocess.Popen[bytes], Path] | None:
@@ -221,99 +259,97 @@ def summarise_stacks(raw: str, top: int = 8) -> list[str]:
     return lines
 
 
+def ratio_line(label: str, rate: float, name: str, reference: float, target: bool) -> str:
+    ratio = rate / reference if reference else float("nan")
+    verdict = (
+        f"  (target >= {TARGET_RATIO}: {'met' if ratio >= TARGET_RATIO else 'NOT met'})"
+        if target
+        else ""
+    )
+    return f"RATIO {label} / {name} = {rate:.1f} / {reference:.1f} = {ratio:.3f}{verdict}"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="400 records (default 600)")
-    parser.add_argument("--records", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--batch-max", type=int, default=8, help="KP_BATCH_MAX_RECORDS")
-    parser.add_argument("--within", type=float, default=0.02, help="KP_BATCH_WITHIN_SECONDS")
-    parser.add_argument("--chunk", type=int, default=1, help="KP_SCORE_CHUNK_RECORDS")
-    parser.add_argument(
-        "--embed-batch",
-        default="1",
-        help="KP_EMBED_BATCH_SIZE; comma-separated values run one worker each, in this order, "
-        "with the ceiling measured before, between and after them (default 1, as shipped)",
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join((__doc__ or "").splitlines()[4:]),
     )
     parser.add_argument(
-        "--fetch-max-wait-ms",
-        type=int,
-        default=None,
-        help="bench-only override of faust's 1500 ms consumer fetch wait (default: as shipped)",
+        "--quick", action="store_true", help=f"{QUICK_RECORDS} traces (default {DEFAULT_RECORDS})"
+    )
+    parser.add_argument("--records", type=int, default=None, help="traces in the corpus")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="setting for the offline and worker processes (repeatable)",
+    )
+    parser.add_argument(
+        "--repeat-texts",
+        action="store_true",
+        help="keep the 50 example texts repeating (the worker then reuses their vectors)",
     )
     parser.add_argument("--profile", action="store_true", help="py-spy the worker")
     args = parser.parse_args()
-    count = args.records or (400 if args.quick else 600)
-    embed_batches = [int(x) for x in args.embed_batch.split(",")]
+    try:
+        env = c.parse_env(args.env)
+    except ValueError as exc:
+        parser.error(str(exc))
+    count = args.records or (QUICK_RECORDS if args.quick else DEFAULT_RECORDS)
+    cores = os.cpu_count() or 1
 
     print(c.machine_line())
     print(
-        f"worker throughput: {count} records, {c.PARTITIONS} partitions, intra-op threads "
-        f"{args.threads}, KP_BATCH_MAX_RECORDS={args.batch_max}, "
-        f"KP_BATCH_WITHIN_SECONDS={args.within}, KP_EMBED_BATCH_SIZE in {embed_batches}, "
-        f"faust fetch wait {args.fetch_max_wait_ms or 'as shipped (1500)'} ms; "
+        f"worker throughput: {count} traces ({'repeating' if args.repeat_texts else 'unique'} "
+        f"texts), {c.PARTITIONS} partitions, settings: {c.env_text(env)}; "
         f"load average {c.load_average()}"
     )
-    records = c.corpus(count, uuid.uuid4().hex[:6])
-    texts = [r.text for r in records]
-    # Texts repeat with period 50 and takes have 8: every CEILING_PERIOD consecutive texts
-    # form the same chunks, so the ceiling over that many is the ceiling over all of them.
-    sample = texts[:CEILING_PERIOD] if count % CEILING_PERIOD == 0 else texts
-    ceiling = c.Ceiling(args.threads)
-    mean_tokens, padding = c.padded_share(ceiling.tokenizer, texts, 8)
-    _, padding_sorted = c.padded_share(
-        ceiling.tokenizer, sorted(texts, key=lambda t: len(ceiling.tokenizer.encode(t))), 8
+    records = c.corpus(count, uuid.uuid4().hex[:6], not args.repeat_texts)
+    ceiling = c.Ceiling(
+        [r.text for r in records], c.model_path(env), int(env.get("KP_EMBED_MAX_TOKENS", 256))
     )
     print(
-        f"corpus: mean {mean_tokens:.0f} tokens/text; padded/real tokens {padding:.2f} in "
-        f"takes of 8, {padding_sorted:.2f} all sorted; ceiling over {len(sample)} texts "
-        "(same takes as the whole corpus)"
+        f"corpus: mean {ceiling.mean_tokens:.0f} tokens/text; ceilings on {ceiling.model.name} "
+        f"({ceiling.model.parent.name}), {cores} cores"
     )
-    ceilings = [measure_ceiling(ceiling, sample, reverse=False)]
-    results = []
-    for index, embed_batch in enumerate(embed_batches):
-        results.append(asyncio.run(run_worker(args, records, embed_batch)))
-        ceilings.append(measure_ceiling(ceiling, sample, reverse=index % 2 == 0))
+    ceilings = [measure_ceilings(ceiling, reverse=False)]
+    offline = run_offline(records, env)
+    worker, worker_lines = asyncio.run(run_worker(args, records, env))
+    ceilings.append(measure_ceilings(ceiling, reverse=True))
 
-    print("embedding only (texts/s), measured " + ", ".join(
-        ["before"] + [f"after worker {i + 1}" for i in range(len(results))]) + "; per CPU-s mean"
-    )  # fmt: skip
-    for name in ceilings[0]:
-        label = (
-            f"embed(), takes of 8, batch {ceiling.embedder.batch_size}"
-            if name == "embed()"
-            else f"ceiling, {name}"
-        )
-        walls = " ".join(f"{m[name][0]:8.1f}" for m in ceilings)
-        per_cpu = float(np.mean([m[name][1] for m in ceilings]))
-        print(f"  {label:<32} {walls} {per_cpu:10.1f}")
-    for index, (embed_batch, (result, lines)) in enumerate(
-        zip(embed_batches, results, strict=True)
-    ):
-        for line in lines:
-            print(line)
-        around = ceilings[index : index + 2]
+    def mean(name: str, what: int = 0) -> float:
+        return float(np.mean([m[name][what] for m in ceilings]))
 
-        def mean(name: str, what: int = 0, around: list[dict[str, tuple[float, float]]] = around):
-            return float(np.mean([m[name][what] for m in around]))
-
-        best = max(RAW_CEILINGS, key=mean)
-        ratio = result["rate"] / mean(best)
-        verdict = "met" if ratio >= TARGET_RATIO else "NOT met"
-        print(
-            f"RATIO worker(KP_EMBED_BATCH_SIZE={embed_batch}) / best raw ceiling ({best}, wall; "
-            f"mean of the runs just before and after) = {result['rate']:.1f} / "
-            f"{mean(best):.1f} = {ratio:.3f}  (target >= {TARGET_RATIO}: {verdict})"
-        )
-        print(
-            f"  per CPU-second: worker {result['per_cpu']:.1f} traces / ceiling "
-            f"{mean(best, 1):.1f} texts = {result['per_cpu'] / mean(best, 1):.3f}"
-            " (steadier under load; the worker's CPU includes Kafka, decode, scoring)"
-        )
-        print(
-            "  worker / each raw ceiling: "
-            + ", ".join(f"{name} {result['rate'] / mean(name):.3f}" for name in RAW_CEILINGS)
-        )
+    labels = {
+        "single": f"bare single-session ceiling ({cores} intra-op threads, batch 1)",
+        "concurrent": f"concurrent ceiling ({cores} threads x 1 intra-op thread, batch 1)",
+    }
+    print("embedding only (texts/s): before, after, mean; per CPU-second mean")
+    for name, label in labels.items():
+        walls = " ".join(f"{m[name][0]:7.1f}" for m in ceilings)
+        print(f"  {label:<62} {walls} {mean(name):7.1f} {mean(name, 1):8.1f}")
+    print(
+        f"offline `kp-scorer score` on {offline.lines} lines: {offline.seconds:.2f} s whole "
+        f"process = {offline.rate:.1f} traces/s; 1 line {offline.one_line_seconds:.2f} s; "
+        f"steady (without start-up) {offline.steady_rate:.1f} traces/s"
+    )
+    print(f"  {offline.summary}")
+    for line in worker_lines:
+        print(line)
+    single, concurrent = mean("single"), mean("concurrent")
+    print(ratio_line("offline steady", offline.steady_rate, "single-session", single, True))
+    print(ratio_line("offline whole process", offline.rate, "single-session", single, True))
+    print(ratio_line("worker", worker["rate"], "single-session", single, True))
+    print(ratio_line("offline steady", offline.steady_rate, "concurrent", concurrent, False))
+    print(ratio_line("worker", worker["rate"], "concurrent", concurrent, False))
+    print(
+        f"  per CPU-second: worker {worker['per_cpu']:.1f} traces / single-session "
+        f"{mean('single', 1):.1f} texts = {worker['per_cpu'] / mean('single', 1):.3f}; "
+        f"/ concurrent {mean('concurrent', 1):.1f} = "
+        f"{worker['per_cpu'] / mean('concurrent', 1):.3f}"
+    )
     print(f"load average at end {c.load_average()}")
 
 

@@ -24,6 +24,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -103,6 +104,9 @@ class StreamScorer:
         self._bookkeeping = asyncio.Lock()
         self._slots = asyncio.Semaphore(max_in_flight_records)
         self._in_flight_count = 0
+        # One thread decodes (bounded time per record, and off the event loop so the consumer
+        # keeps heartbeating); each extra thread would also grow its own malloc arena.
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="kp-decode")
 
     # -- assignment -------------------------------------------------------------------------
     def forget(self, partitions: Sequence[TopicPartition]) -> None:
@@ -194,6 +198,7 @@ class StreamScorer:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self._decoder.shutdown(wait=False, cancel_futures=True)
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
@@ -242,7 +247,9 @@ class StreamScorer:
         tp = job.record.topic_partition
         try:
             started = time.monotonic()
-            (prepared,) = await asyncio.to_thread(self.scorer.prepare, [job.record])
+            (prepared,) = await asyncio.get_running_loop().run_in_executor(
+                self._decoder, self.scorer.prepare, [job.record]
+            )
             decoded = time.monotonic()
             reused = await self._embed(prepared)
             embedded = time.monotonic()
