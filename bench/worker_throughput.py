@@ -52,7 +52,7 @@ from pathlib import Path
 import _common as c
 import numpy as np
 
-from worker.embedded_broker import EmbeddedBroker
+from worker.dev.embedded_broker import EmbeddedBroker
 
 WARMUP_RECORDS = 24
 TARGET_RATIO = 1.2

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from kafka_helpers import consume_all, create_topics, produce  # noqa: F401  (re-exported)
 
-from worker.embedded_broker import EmbeddedBroker, wait_for_kafka
+from worker.dev.embedded_broker import EmbeddedBroker, wait_for_kafka
 
 KAFKA_IMAGE = os.environ.get("KP_TEST_KAFKA_IMAGE", "confluentinc/cp-kafka:7.6.1")
 READY_TIMEOUT_SECONDS = 30.0

@@ -28,7 +28,7 @@ from tcp_proxy import TcpProxy, free_loopback_port
 from traces import make_trace
 from worker_process import WorkerProcess, worker_topics
 
-from worker.embedded_broker import EmbeddedBroker
+from worker.dev.embedded_broker import EmbeddedBroker
 
 pytestmark = pytest.mark.broker
 

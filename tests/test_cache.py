@@ -8,9 +8,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from worker.cache import DimensionError, VectorCache
-from worker.novelty import PartitionCaches
-from worker.scoring import NoveltySource
+from worker.core.cache import DimensionError, PartitionCaches, VectorCache
+from worker.core.scoring import NoveltySource
 
 DIMS = 4
 

@@ -27,7 +27,7 @@ import pytest
 from kafka_helpers import consume_all, create_topics, produce
 from worker_process import WorkerProcess, worker_topics
 
-from worker.kafka import client_config
+from worker.io.kafka import client_config
 from worker.settings import load_settings
 
 PASSWORD = "pw-" + uuid.uuid4().hex
@@ -227,7 +227,8 @@ def test_bad_setting_is_one_clear_startup_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """In-process ``kp-scorer <command>`` (the CLI's own main) with the bad environment."""
-    from worker import app, cli
+    from worker.cli import main as cli
+    from worker.io import app
 
     for name in [k for k in os.environ if k.startswith("KP_") or k == "KAFKA_BOOTSTRAP_SERVERS"]:
         monkeypatch.delenv(name)
@@ -309,7 +310,7 @@ def test_sasl_ssl_settings_reach_the_kafka_clients() -> None:
     # Faust's own consumer and producer get the same, through broker_credentials.
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    from worker.app import _credentials
+    from worker.io.app import _credentials
 
     auth = credentials_to_aiokafka_auth(_credentials(settings))
     assert auth["security_protocol"] == "SASL_SSL"
@@ -349,7 +350,7 @@ def test_ssl_with_client_certificate(client_cert: tuple[Path, Path]) -> None:
 
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    from worker.app import _credentials
+    from worker.io.app import _credentials
 
     assert credentials_to_aiokafka_auth(_credentials(settings))["security_protocol"] == "SSL"
 
@@ -448,7 +449,7 @@ def test_worker_log_never_contains_trace_contents(kafka_bootstrap: str) -> None:
 
 def test_fetch_wait_setting_reaches_the_group_consumer() -> None:
     """faust builds its group consumer with a fixed 1.5 s fetch wait; ours takes the setting."""
-    from worker.app import create_app
+    from worker.io.app import create_app
 
     async def build() -> int:
         app = create_app(load_settings(fetch_max_wait_ms=7))
@@ -466,6 +467,6 @@ def test_every_log_level_is_one_faust_accepts(level: str, monkeypatch: pytest.Mo
     """The worker hands KP_LOG_LEVEL to faust's CLI, whose names differ (warn, not warning)."""
     from faust.cli.base import LOGLEVELS
 
-    from worker import cli
+    from worker.cli import main as cli
 
     assert cli.FAUST_LOG_LEVELS[level].upper() in LOGLEVELS  # faust compares case-blind

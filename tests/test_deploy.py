@@ -29,8 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import AliasChoices
 from worker_process import WorkerProcess, worker_topics
 
-from worker.pipeline import OTHER_DOMAIN, build_scorer
-from worker.scoring import BUILTIN_PROFILES, profiles_from_mapping
+from worker.core.records import OTHER_DOMAIN
+from worker.core.scorer import build_scorer
+from worker.core.scoring import BUILTIN_PROFILES, profiles_from_mapping
 from worker.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[1]

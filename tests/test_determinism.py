@@ -27,8 +27,8 @@ from kafka_helpers import create_topics, produce
 from outputs import Output, collect_outputs
 from worker_process import WorkerProcess
 
-from worker.offline import LineRecords, score_lines
-from worker.pipeline import build_scorer
+from worker.cli.score import LineRecords, score_lines
+from worker.core.scorer import build_scorer
 from worker.settings import load_settings
 
 pytestmark = pytest.mark.broker

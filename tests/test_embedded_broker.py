@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from kafka_helpers import consume_all, create_topics, produce
 
-from worker.embedded_broker import (
+from worker.dev.embedded_broker import (
     BrokerStartError,
     EmbeddedBroker,
     KafkaUnreachableError,
     wait_for_kafka,
 )
-from worker.embedded_broker import _api_versions as api_versions
+from worker.dev.embedded_broker import _api_versions as api_versions
 
 
 def _process_exists(pid: int) -> bool:

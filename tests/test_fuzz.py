@@ -34,10 +34,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from traces import code_review_example, finance_example, make_trace, steps_of
 
-from worker.novelty import PartitionCaches
-from worker.pipeline import Decision, Scorer, SourceRecord, Thresholds
-from worker.scoring import BUILTIN_PROFILES, Novelty, ProfileSet, score_trace
-from worker.trace import ERROR_KINDS, TraceError, parse_trace
+from worker.core.cache import PartitionCaches
+from worker.core.errors import INPUT_ERROR_KINDS, TraceError
+from worker.core.records import Decision, SourceRecord
+from worker.core.scorer import Scorer, Thresholds
+from worker.core.scoring import BUILTIN_PROFILES, Novelty, ProfileSet, score_trace
+from worker.core.trace import parse_trace
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces.jsonl"
 BUILTIN = ProfileSet(BUILTIN_PROFILES)
@@ -233,7 +235,7 @@ def check(raw: bytes, novelty: Novelty) -> str:
     try:
         trace = parse_trace(raw)
     except TraceError as error:
-        assert error.kind in ERROR_KINDS, error.kind
+        assert error.kind in INPUT_ERROR_KINDS, error.kind
         assert isinstance(error.reason, str) and error.reason.strip()
         assert "\n" not in error.reason and len(error.reason) <= 1000
         return error.kind

@@ -16,9 +16,10 @@ import orjson
 from prometheus_client import REGISTRY
 from traces import make_trace
 
-from worker.pipeline import OTHER_DOMAIN, RoutedRecord, SourceRecord, build_scorer
+from worker.core.records import OTHER_DOMAIN, RoutedRecord, SourceRecord
+from worker.core.scorer import build_scorer
 from worker.settings import load_settings
-from worker.stream import StreamScorer
+from worker.stream.processor import StreamScorer
 
 TRACES = 10_000
 BATCH = 200

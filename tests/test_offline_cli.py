@@ -23,11 +23,12 @@ from traces import (
     make_trace,
 )
 
-from worker.cli import main
-from worker.novelty import PartitionCaches
-from worker.offline import LineRecords, output_line, score_lines
-from worker.pipeline import Scorer, SourceRecord, Thresholds
-from worker.scoring import BUILTIN_PROFILES, ProfileSet
+from worker.cli.main import main
+from worker.cli.score import LineRecords, output_line, score_lines
+from worker.core.cache import PartitionCaches
+from worker.core.records import SourceRecord
+from worker.core.scorer import Scorer, Thresholds
+from worker.core.scoring import BUILTIN_PROFILES, ProfileSet
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "traces.jsonl"

@@ -9,16 +9,11 @@ import pytest
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-from worker.pipeline import (
-    Decision,
-    InternalScoringError,
-    OutputTooLargeError,
-    SourceRecord,
-    build_scorer,
-    without_value,
-)
+from worker.core.errors import ERROR_KINDS, InternalScoringError, OutputTooLargeError
+from worker.core.output import without_value
+from worker.core.records import Decision, SourceRecord
+from worker.core.scorer import build_scorer
 from worker.settings import load_settings
-from worker.trace import ERROR_KINDS
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces.jsonl"

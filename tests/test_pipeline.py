@@ -23,19 +23,12 @@ from traces import (
     trace_bytes,
 )
 
-import worker.pipeline as pipeline_module
+import worker.core.scorer as pipeline_module
 from worker import __version__
-from worker.novelty import PartitionCaches
-from worker.pipeline import (
-    OTHER_DOMAIN,
-    Decision,
-    RoutedRecord,
-    Scorer,
-    SourceRecord,
-    Thresholds,
-    build_scorer,
-)
-from worker.scoring import Novelty, NoveltySource, ProfileSet, load_profiles
+from worker.core.cache import PartitionCaches
+from worker.core.records import OTHER_DOMAIN, Decision, RoutedRecord, SourceRecord
+from worker.core.scorer import Scorer, Thresholds, build_scorer
+from worker.core.scoring import Novelty, NoveltySource, ProfileSet, load_profiles
 from worker.settings import Settings
 
 FAKE_DIMS = 32

@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from traces import CONTEXT_DEV, CONTEXT_ORG, code_review_example, finance_example
 
-from worker.cache import VectorCache
-from worker.novelty import PartitionCaches
-from worker.pipeline import Decision, Scorer, SourceRecord, Thresholds
-from worker.scoring import (
+from worker.core.cache import PartitionCaches, VectorCache
+from worker.core.errors import TraceError
+from worker.core.records import Decision, SourceRecord
+from worker.core.scorer import Scorer, Thresholds
+from worker.core.scoring import (
     BUILTIN_PROFILES,
     Novelty,
     NoveltySource,
@@ -23,7 +24,7 @@ from worker.scoring import (
     ProfileSet,
     score_trace,
 )
-from worker.trace import Trace, TraceError, parse_trace, validate_trace
+from worker.core.trace import Trace, parse_trace, validate_trace
 
 PROPERTY_SETTINGS = settings(
     max_examples=300,

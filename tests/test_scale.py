@@ -21,7 +21,7 @@ from outputs import Output, collect_outputs
 from prometheus_client.parser import text_string_to_metric_families
 from worker_process import WorkerProcess
 
-from worker.trace import parse_trace
+from worker.core.trace import parse_trace
 
 pytestmark = pytest.mark.broker
 

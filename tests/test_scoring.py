@@ -20,7 +20,7 @@ from traces import (
     steps_of,
 )
 
-from worker.scoring import (
+from worker.core.scoring import (
     BUILTIN_PROFILES,
     DEFAULT_PROFILE,
     NOVELTY_FALLBACK,

@@ -14,10 +14,11 @@ import pytest
 from prometheus_client import REGISTRY
 from traces import make_trace
 
-from worker.novelty import PartitionCaches
-from worker.pipeline import RoutedRecord, Scorer, SourceRecord, Thresholds
-from worker.scoring import load_profiles
-from worker.stream import StreamScorer
+from worker.core.cache import PartitionCaches
+from worker.core.records import RoutedRecord, SourceRecord
+from worker.core.scorer import Scorer, Thresholds
+from worker.core.scoring import load_profiles
+from worker.stream.processor import StreamScorer
 
 TOPIC = "raw"
 

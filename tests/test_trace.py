@@ -25,11 +25,9 @@ from traces import (
     trace_bytes,
 )
 
-from worker import trace as trace_module
-from worker.trace import (
-    DEFAULT_MAX_BYTES,
-    ERROR_KINDS,
-    MAX_DEPTH,
+from worker.core import schema as schema_module
+from worker.core.errors import (
+    INPUT_ERROR_KINDS,
     DuplicateKeyError,
     EmptyMessageError,
     EncodingError,
@@ -37,8 +35,12 @@ from worker.trace import (
     NotAnObjectError,
     SchemaViolationError,
     TooLargeError,
-    Trace,
     TraceError,
+)
+from worker.core.trace import (
+    DEFAULT_MAX_BYTES,
+    MAX_DEPTH,
+    Trace,
     decode_json,
     parse_trace,
     validate_trace,
@@ -420,7 +422,7 @@ def test_error_kinds_are_stable() -> None:
     assert DuplicateKeyError.kind == "duplicate_key"
     assert NotAnObjectError.kind == "not_object"
     assert SchemaViolationError.kind == "schema"
-    assert ERROR_KINDS == (
+    assert INPUT_ERROR_KINDS == (
         "empty",
         "too_large",
         "invalid_encoding",
@@ -547,9 +549,9 @@ def test_delete_helper_really_deletes() -> None:
 @cache
 def reference_validator() -> Draft202012Validator:
     """The pure-Python ``jsonschema`` validator the reasons were first defined with."""
-    schema = orjson.loads(trace_module.TRACE_SCHEMA_PATH.read_bytes())
+    schema = orjson.loads(schema_module.TRACE_SCHEMA_PATH.read_bytes())
     checker = FormatChecker(formats=())
-    checker.checks("date-time")(trace_module._is_date_time)
+    checker.checks("date-time")(schema_module._is_date_time)
     return Draft202012Validator(schema, format_checker=checker)
 
 
@@ -559,7 +561,7 @@ def reference_reason(document: dict[str, Any]) -> str | None:
     if error is None:
         return None
     path = list(error.absolute_path)
-    return trace_module._describe(path, error.validator, error.validator_value, error.instance)
+    return schema_module._describe(path, error.validator, error.validator_value, error.instance)
 
 
 def rich_document() -> dict[str, Any]:
@@ -775,15 +777,15 @@ def test_duplicate_keys_are_found_whatever_the_strings_hold(escaped: bytes) -> N
 
 
 def test_the_error_search_refuses_keywords_it_cannot_explain() -> None:
-    trace_module._check_supported(orjson.loads(trace_module.TRACE_SCHEMA_PATH.read_bytes()))
+    schema_module._check_supported(orjson.loads(schema_module.TRACE_SCHEMA_PATH.read_bytes()))
     for schema in (
         {"anyOf": [{"type": "string"}]},
         {"properties": {"a": {"additionalProperties": False}}},
         {"$defs": {"s": {"$ref": "#/$defs/s"}}},
         {"$ref": "https://example.org/other.json"},
     ):
-        with pytest.raises(trace_module.SchemaNotSupportedError):
-            trace_module._check_supported(schema)
+        with pytest.raises(schema_module.SchemaNotSupportedError):
+            schema_module._check_supported(schema)
 
 
 def test_python_objects_json_cannot_hold_are_a_schema_error_not_a_crash() -> None:

@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from worker.scoring import BUILTIN_PROFILES, Novelty, ProfileSet, ScoreBreakdown, score_trace
-from worker.trace import Trace, validate_trace
+from worker.core.scoring import BUILTIN_PROFILES, Novelty, ProfileSet, ScoreBreakdown, score_trace
+from worker.core.trace import Trace, validate_trace
 
 CONTEXT_ORG = "https://openknowledgepulse.org/schema/v1"
 CONTEXT_DEV = "https://knowledgepulse.dev/schema/v1"

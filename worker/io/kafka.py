@@ -21,9 +21,10 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
 )
 
-from worker import metrics
-from worker.pipeline import Decision, RoutedRecord, SourceRecord, without_value
+from worker.core.output import output_topics, without_value
+from worker.core.records import Decision, RoutedRecord, SourceRecord
 from worker.settings import Settings
+from worker.stream import metrics
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +55,6 @@ def client_config(settings: Settings) -> dict[str, Any]:
         config["sasl_plain_username"] = settings.sasl_username
         config["sasl_plain_password"] = settings.sasl_password.get_secret_value()
     return config
-
-
-def output_topic(settings: Settings, decision: Decision) -> str:
-    return {
-        Decision.ACCEPTED: settings.accepted_topic,
-        Decision.REJECTED: settings.rejected_topic,
-        Decision.DEAD_LETTER: settings.dead_letter_topic,
-    }[decision]
 
 
 async def partitions_of(settings: Settings, topic: str) -> int | None:
@@ -258,7 +251,7 @@ class Publisher:
     """Publishes routed records to their output topics and waits for the broker's acks."""
 
     def __init__(self, settings: Settings, topics: dict[Decision, str] | None = None) -> None:
-        self._topics = topics or {d: output_topic(settings, d) for d in Decision}
+        self._topics = topics or output_topics(settings)
         self._producer = AIOKafkaProducer(
             **client_config(settings),
             acks="all",

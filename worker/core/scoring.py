@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from worker.trace import Trace
+from worker.core.trace import Trace
 
 NOVELTY_FALLBACK = 0.5
 WEIGHT_SUM_TOLERANCE = 1e-9

@@ -17,6 +17,11 @@ Each entry may carry a key (a digest of the text it came from): a later record w
 text reuses the stored grid row instead of running the model, which gives the same rows and
 so the same similarities bit for bit, because a text's vector depends only on the text.
 
+One cache per input partition (:class:`PartitionCaches`): a trace's novelty depends only on
+the earlier traces of its own partition, so scoring a batch equals scoring its records one at
+a time in offset order, and a worker that rebuilds a partition's cache from the log gets the
+same values.
+
 Expiry is applied as a mask at query time rather than by deleting entries: with
 out-of-order timestamps a later record may legitimately still see an entry that an
 earlier one considered expired, and the mask gives exactly that.
@@ -28,6 +33,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+
+from worker.core.scoring import Novelty
 
 FloatArray = npt.NDArray[np.float32]
 GridArray = npt.NDArray[np.float64]
@@ -239,3 +246,71 @@ class VectorCache:
         results = _as_results(*_exact_best(screened, held_rows, rows, rows))
         self._add_grid_rows(rows, times.tolist(), keys)
         return results
+
+
+TopicPartition = tuple[str, int]
+
+
+class PartitionCaches:
+    """The caches of the partitions this worker currently owns."""
+
+    def __init__(self, capacity: int = 1000, dimensions: int = 384, ttl_ms: int | None = None):
+        self.capacity = capacity
+        self.dimensions = dimensions
+        self.ttl_ms = ttl_ms
+        self._caches: dict[TopicPartition, VectorCache] = {}
+
+    def __contains__(self, partition: TopicPartition) -> bool:
+        return partition in self._caches
+
+    def get(self, partition: TopicPartition) -> VectorCache:
+        cache = self._caches.get(partition)
+        if cache is None:
+            cache = self._caches[partition] = VectorCache(
+                self.capacity, self.dimensions, self.ttl_ms
+            )
+        return cache
+
+    def drop(self, partition: TopicPartition) -> None:
+        self._caches.pop(partition, None)
+
+    def partitions(self) -> list[TopicPartition]:
+        return list(self._caches)
+
+    def sizes(self) -> dict[TopicPartition, int]:
+        return {tp: len(cache) for tp, cache in self._caches.items()}
+
+    def row_for_text(self, partition: TopicPartition, key: bytes) -> npt.NDArray[np.float32] | None:
+        """The stored row of an earlier identical text of this partition, if still held."""
+        cache = self._caches.get(partition)
+        return None if cache is None else cache.row_for_key(key)
+
+    def novelty_batch(
+        self,
+        partition: TopicPartition,
+        embeddings: npt.NDArray[np.float32],
+        event_times_ms: Sequence[int],
+        text_keys: Sequence[bytes | None] | None = None,
+        stored_rows: Sequence[bool] | None = None,
+    ) -> list[Novelty]:
+        """Novelty of consecutive records of one partition, in offset order; adds them after.
+
+        Rows flagged in ``stored_rows`` are rows reused from :meth:`row_for_text`.
+        """
+        similarities = self.get(partition).query_then_add_batch(
+            embeddings, event_times_ms, text_keys, stored_rows
+        )
+        return [
+            Novelty.empty_cache() if similarity is None else Novelty.from_similarity(similarity)
+            for similarity in similarities
+        ]
+
+    def warm(
+        self,
+        partition: TopicPartition,
+        embeddings: npt.NDArray[np.float32],
+        event_times_ms: Sequence[int],
+        text_keys: Sequence[bytes | None] | None = None,
+    ) -> None:
+        """Fill a partition's cache from its log without scoring (rebuild on takeover)."""
+        self.get(partition).add_batch(embeddings, event_times_ms, text_keys)

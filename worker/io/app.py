@@ -2,7 +2,7 @@
 
 Offsets are acknowledged to Faust only after the broker acknowledged every output of the
 batch (``noack_take`` + explicit ``ack``), so a crash or SIGTERM mid-batch commits nothing
-that was not published. ``faust -A worker.app worker`` and ``kp-scorer worker`` both run it.
+that was not published. ``faust -A worker.io.app worker`` and ``kp-scorer worker`` both run it.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from aiokafka.errors import KafkaError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, TransportT
 
-from worker import metrics
-from worker.kafka import PartitionLogReader, Publisher, ensure_topics, output_topic
-from worker.pipeline import Decision, SourceRecord, build_scorer
+from worker.core.output import output_topics
+from worker.core.records import SourceRecord
+from worker.core.scorer import build_scorer
+from worker.io.kafka import PartitionLogReader, Publisher, ensure_topics
 from worker.settings import Settings, load_settings
-from worker.stream import StreamScorer
+from worker.stream import metrics
+from worker.stream.processor import StreamScorer
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ STARTUP_BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
 
 
 def _credentials(settings: Settings) -> Any:
-    from worker.kafka import client_config
+    from worker.io.kafka import client_config
 
     if settings.security_protocol == "PLAINTEXT":
         return None
@@ -172,7 +174,7 @@ class ScorerApp(faust.App):
 
 async def _wait_for_kafka(settings: Settings) -> None:
     """Create topics, retrying with backoff (and one clear log line per try) until reachable."""
-    outputs = [output_topic(settings, d) for d in Decision]
+    outputs = list(output_topics(settings).values())
     attempt = 0
     while True:
         try:
@@ -255,7 +257,7 @@ def _record_lag(app: ScorerApp, message: Any) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    """``faust -A worker.app`` finds ``app``: built from the environment on first access."""
+    """``faust -A worker.io.app`` finds ``app``: built from the environment on first access."""
     if name == "app":
         globals()["app"] = created = create_app()
         return created

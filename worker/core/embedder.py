@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +37,17 @@ _OUTPUT_NAME = "last_hidden_state"
 # English runs ~4-5 characters a token, so the prefix almost always holds enough tokens.
 _CHARS_PER_TOKEN_CUT = 16
 _REQUIRED_INPUTS = ("input_ids", "attention_mask")
+
+
+class Embedder(Protocol):
+    model_id: str
+    dimensions: int
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]: ...
+
+    def submit(self, texts: Sequence[str]) -> Future[npt.NDArray[np.float32]]:
+        """``embed`` started in the background (on the embedder's own threads)."""
+        ...
 
 
 class EmbedderUnavailable(Exception):
@@ -188,6 +199,7 @@ class OnnxEmbedder:
         batch_size: int = 1,
         max_tokens: int = 256,
         concurrency: int = 1,
+        model_id: str | None = None,
     ) -> OnnxEmbedder:
         """Verify, load and smoke-test the model; raise EmbedderUnavailable saying why not.
 
@@ -212,7 +224,7 @@ class OnnxEmbedder:
         embedder = cls(
             session=session,
             tokenizer=tokenizer,
-            model_id=_model_id(model_path, actual_sha256),
+            model_id=model_id or _model_id(model_path, actual_sha256),
             batch_size=batch_size,
             pad_id=pad_id,
             max_tokens=max_tokens,
@@ -255,6 +267,9 @@ def load_embedder(settings: Settings) -> tuple[OnnxEmbedder | None, str | None]:
     """
     try:
         model_path, expected = _resolve_model(settings)
+        model_id = None
+        if settings.embed_engine == "int8":
+            model_path, expected, model_id = _int8_engine(settings, model_path, expected)
         embedder = OnnxEmbedder.load(
             model_path=model_path,
             tokenizer_path=settings.tokenizer_path,
@@ -263,12 +278,38 @@ def load_embedder(settings: Settings) -> tuple[OnnxEmbedder | None, str | None]:
             batch_size=settings.embed_batch_size,
             max_tokens=settings.embed_max_tokens,
             concurrency=settings.resolved_embed_concurrency,
+            model_id=model_id,
         )
     except EmbedderUnavailable as exc:
         if settings.embedder_required:
             raise
         return None, str(exc)
     return embedder, None
+
+
+def _int8_engine(
+    settings: Settings, source: Path, expected_sha256: str | None
+) -> tuple[Path, str, str]:
+    """(path, sha256, model id) of the int8 engine derived from the checked source model.
+
+    The source is checked first, so a damaged model is never quantized; the derived file is
+    cached by content hash and checked against its own recorded hash on every load.
+    """
+    from worker.core.quantize import QuantizeError, default_cache_dir, derive_int8_model
+
+    actual = _sha256_of(source)
+    if expected_sha256 is not None and actual != expected_sha256.strip().lower():
+        raise EmbedderUnavailable(
+            f"model {source} has sha256 {actual}, expected {expected_sha256}; "
+            "not deriving an int8 engine from it"
+        )
+    try:
+        derived = derive_int8_model(
+            source, settings.model_cache_dir or default_cache_dir(), settings.int8_recipe
+        )
+    except QuantizeError as exc:
+        raise EmbedderUnavailable(f"int8 engine unavailable: {exc}") from None
+    return derived.path, derived.sha256, f"{_model_id(source, actual)}+{settings.int8_recipe}"
 
 
 def _resolve_model(settings: Settings) -> tuple[Path, str | None]:

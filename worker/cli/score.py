@@ -16,7 +16,8 @@ from typing import Any, TextIO
 
 import orjson
 
-from worker.pipeline import Decision, RoutedRecord, Scorer, SourceRecord
+from worker.core.records import Decision, RoutedRecord, SourceRecord
+from worker.core.scorer import Scorer
 
 CHUNK_LINES = 32
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

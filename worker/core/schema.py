@@ -1,284 +1,32 @@
-"""Bytes -> validated ReasoningTrace, or a specific error saying what is wrong and where.
+"""The trace schema, checked in time bounded by the document's size.
 
-The rules live only in ``schemas/reasoning-trace.schema.json``. Each step costs time bounded by
-the size of the input, with a small constant, so that no message can stall a partition:
+The rules live only in ``schemas/reasoning-trace.schema.json``. ``jsonschema-rs`` checks a
+document in one pass. Only an invalid document is searched for the error to report, with
+depth-limited copies of the same schema: a few passes, never one Python object per error (a
+huge array of bad items has one per item).
 
-- decode: orjson; one orjson write-back of the result checks the nesting depth and, by
-  counting colons, whether orjson silently dropped a repeated key (only then does the slower
-  exact pass that names the key run);
-- validate: ``jsonschema-rs`` checks the document in one pass. Only an invalid document is
-  searched for the error to report, with depth-limited copies of the same schema: a few
-  passes, never one Python object per error (a huge array of bad items has one per item).
-
-The error reported is the one ``jsonschema``'s ``best_match`` picks, as before: the shallowest,
-then the one with the greatest path, then one whose value has the wrong type for its subschema.
+The error reported is the one ``jsonschema``'s ``best_match`` picks: the shallowest, then the
+one with the greatest path, then one whose value has the wrong type for its subschema.
 """
 
 from __future__ import annotations
 
-import gc
-import json
-import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime
 from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import jsonschema_rs
 import orjson
 
-SCHEMA_DIR = Path(__file__).parent / "schemas"
+from worker.core.errors import SchemaViolationError, snippet
+
+SCHEMA_DIR = Path(__file__).parent.parent / "schemas"
 TRACE_SCHEMA_PATH = SCHEMA_DIR / "reasoning-trace.schema.json"
-DEFAULT_MAX_BYTES = 1_048_576
-MAX_DEPTH = 128  # nesting levels of arrays/objects, the document itself being level 1
-_SNIPPET_CHARS = 60
-_COLON_ESCAPE = re.compile(rb"\\u003[aA]")
-
-
-class TraceError(Exception):
-    """Input that cannot be scored: ``kind`` is stable (metrics, headers), ``reason`` for people."""
-
-    kind: ClassVar[str] = "invalid"
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class EmptyMessageError(TraceError):
-    kind = "empty"
-
-
-class TooLargeError(TraceError):
-    kind = "too_large"
-
-
-class EncodingError(TraceError):
-    kind = "invalid_encoding"
-
-
-class InvalidJsonError(TraceError):
-    kind = "invalid_json"
-
-
-class DuplicateKeyError(TraceError):
-    kind = "duplicate_key"
-
-
-class NotAnObjectError(TraceError):
-    kind = "not_object"
-
-
-class SchemaViolationError(TraceError):
-    kind = "schema"
-
-
-ERROR_KINDS: tuple[str, ...] = tuple(
-    cls.kind
-    for cls in (
-        EmptyMessageError,
-        TooLargeError,
-        EncodingError,
-        InvalidJsonError,
-        DuplicateKeyError,
-        NotAnObjectError,
-        SchemaViolationError,
-    )
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Trace:
-    """A schema-valid ReasoningTrace. ``document`` is the parsed JSON, extra fields included."""
-
-    document: dict[str, Any]
-
-    @property
-    def id(self) -> str:
-        return str(self.document["id"])
-
-    @property
-    def domain(self) -> str:
-        return str(self.document["metadata"]["task_domain"])
-
-    @property
-    def steps(self) -> list[dict[str, Any]]:
-        return self.document["steps"]  # type: ignore[no-any-return]
-
-    @property
-    def success(self) -> bool:
-        return bool(self.document["metadata"]["success"])
-
-    @property
-    def confidence(self) -> float:
-        return float(self.document["outcome"]["confidence"])
-
-    def embedding_text(self) -> str:
-        """Objective, a space, then each step's content joined by spaces, as the reference does."""
-        contents = " ".join(step.get("content", "") for step in self.steps)
-        return f"{self.document['task']['objective']} {contents}"
-
-
-# --- decoding ---------------------------------------------------------------------------------
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cycle collection while a decoder builds containers.
-
-    A decode creates no garbage cycles, but each container it allocates counts towards the
-    collector's thresholds: a 1 MiB array of small lists would start full collections that
-    walk the whole process heap (the model included) several times. Collection resumes after.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-@cache
-def _orjson_write_depth() -> int:
-    """How many nesting levels orjson writes (254 in 3.x), measured rather than assumed."""
-    writable, too_deep = 1, 4096
-    while too_deep - writable > 1:
-        middle = (writable + too_deep) // 2
-        nested: list[Any] = []
-        for _ in range(middle - 1):
-            nested = [nested]
-        try:
-            orjson.dumps(nested)
-        except orjson.JSONEncodeError:
-            too_deep = middle
-        else:
-            writable = middle
-    return writable
-
-
-def _nested_deeper_than(document: Any, raw: bytes, limit: int) -> bool:
-    """Whether arrays/objects nest more than ``limit`` levels, by walking them level by level."""
-    if not isinstance(document, dict | list) or raw.count(b"[") + raw.count(b"{") <= limit:
-        return False
-    level: list[Any] = [document]
-    for _ in range(limit):
-        level = [
-            child
-            for container in level
-            for child in (container.values() if isinstance(container, dict) else container)
-            if isinstance(child, dict | list)
-        ]
-        if not level:
-            return False
-    return True
-
-
-def _too_deep() -> InvalidJsonError:
-    # orjson reads 1024 levels but writes only 254, so a deeper trace could be parsed and then
-    # not published; the scored output also wraps the trace in one more object.
-    return InvalidJsonError(f"not valid JSON: nested deeper than {MAX_DEPTH} levels")
-
-
-def _write_back(document: dict[str, Any] | list[Any], raw: bytes) -> bytes:
-    """orjson's bytes for ``document``, written inside enough arrays to fail past MAX_DEPTH.
-
-    orjson refuses to write more levels than it can (``_orjson_write_depth``); wrapping the
-    document in that many minus MAX_DEPTH arrays makes the write fail exactly when the
-    document nests deeper than MAX_DEPTH: a depth check at the speed of a C serializer.
-    """
-    spare = _orjson_write_depth() - MAX_DEPTH
-    if spare < 0:  # an orjson that writes fewer levels than the limit: walk instead
-        if _nested_deeper_than(document, raw, MAX_DEPTH):
-            raise _too_deep()
-        return orjson.dumps(document)
-    wrapped: Any = document
-    for _ in range(spare):
-        wrapped = [wrapped]
-    try:
-        return orjson.dumps(wrapped)
-    except orjson.JSONEncodeError as exc:
-        if "recursion" in str(exc).lower() or _nested_deeper_than(document, raw, MAX_DEPTH):
-            raise _too_deep() from None
-        raise InvalidJsonError(f"not valid JSON: {exc}") from None
-
-
-def _dropped_a_key(raw: bytes, written: bytes) -> bool:
-    """Whether orjson kept only the last of a repeated key somewhere in ``raw``.
-
-    Each key of the input has one colon after it, outside strings; colons inside strings are
-    written back as they decode. So the input has more colons than orjson's write-back exactly
-    when a key (with everything in its dropped value) was lost, once colons written as the
-    escape \\u003a (one colon when decoded, none in the input) are added back. Backslash pairs
-    are removed first so that an escaped backslash followed by "u003a" is not counted.
-    """
-    escaped = 0
-    if b"\\" in raw and _COLON_ESCAPE.search(raw):  # memchr first; re beats bytes.find here
-        unpaired = raw.replace(b"\\\\", b"")
-        escaped = unpaired.count(b"\\u003a") + unpaired.count(b"\\u003A")
-    return raw.count(b":") + escaped > written.count(b":")
-
-
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
-    """json's object hook for the exact pass: raises for the first object with a repeated key.
-
-    It returns nothing: only the error is wanted, and not building the objects makes the pass
-    cheaper. json calls it for each object as it closes, so inner objects are checked first.
-    """
-    if len(dict(pairs)) == len(pairs):
-        return
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise DuplicateKeyError(
-                f"key {_snippet(key)} appears twice in one object; its meaning is ambiguous"
-            )
-        seen.add(key)
-
-
-def decode_json(raw: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
-    """Strict JSON: UTF-8 without BOM, no NaN/Infinity, no duplicate keys, size-limited."""
-    if raw is None or len(raw) == 0:
-        raise EmptyMessageError("message has no value (empty or tombstone)")
-    if len(raw) > max_bytes:
-        raise TooLargeError(f"message is {len(raw)} bytes, over the {max_bytes}-byte limit")
-    try:
-        with _gc_paused():
-            document = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        message = str(exc)
-        if "UTF-8" in message or "surrogate" in message:
-            raise EncodingError(f"not valid UTF-8 JSON text: {message}") from None
-        raise InvalidJsonError(f"not valid JSON: {message}") from None
-    if not isinstance(document, dict | list):
-        return document
-    written = _write_back(document, raw)
-    if isinstance(document, dict) and _dropped_a_key(raw, written):
-        # The exact pass names the first duplicate key; it builds every object in Python,
-        # so it runs only for input that has one.
-        try:
-            with _gc_paused():
-                json.loads(raw, object_pairs_hook=_reject_duplicate_keys)
-        except RecursionError:
-            raise InvalidJsonError("not valid JSON: nesting too deep") from None
-    return document
-
-
-def parse_trace(raw: bytes | None, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
-    """Decode and validate one message; raises a TraceError subclass on any problem."""
-    document = decode_json(raw, max_bytes)
-    if not isinstance(document, dict):
-        raise NotAnObjectError(
-            f"expected a JSON object (ReasoningTrace), got {type(document).__name__}"
-        )
-    return validate_trace(document)
-
-
-# --- the schema -------------------------------------------------------------------------------
+# Documents nest no deeper than decoding allows (worker.core.trace.MAX_DEPTH), so no error
+# sits deeper either.
+MAX_ERROR_DEPTH = 130
 
 # Keywords the error search and ``_describe`` understand. A schema with any other keyword is
 # refused when the validator is built (every test fails), rather than checked by rules that
@@ -505,11 +253,6 @@ def _keyword(node: _Node, keyword: str) -> jsonschema_rs.Validator:
 # --- finding the error to report --------------------------------------------------------------
 
 
-def _snippet(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= _SNIPPET_CHARS else text[: _SNIPPET_CHARS - 3] + "..."
-
-
 def _json_path(path: _Path) -> str:
     out = ""
     for part in path:
@@ -521,17 +264,17 @@ def _describe(path: _Path, rule: str, expected: Any, got: Any) -> str:
     """One line a producer can act on, never quoting more than a snippet of their data."""
     where = _json_path(path)
     if rule == "enum":
-        return f"{where}: {_snippet(got)} is not one of {', '.join(map(str, expected))}"
+        return f"{where}: {snippet(got)} is not one of {', '.join(map(str, expected))}"
     if rule == "const":
-        return f"{where}: expected {expected!r}, got {_snippet(got)}"
+        return f"{where}: expected {expected!r}, got {snippet(got)}"
     if rule == "type":
-        return f"{where}: expected {expected}, got {type(got).__name__} {_snippet(got)}"
+        return f"{where}: expected {expected}, got {type(got).__name__} {snippet(got)}"
     if rule == "required":
         missing = [name for name in expected if isinstance(got, dict) and name not in got]
         return f"{where}: missing required field {', '.join(map(repr, missing))}"
     if rule in ("minimum", "maximum"):
         bound = "at least" if rule == "minimum" else "at most"
-        return f"{where}: {_snippet(got)} must be {bound} {expected}"
+        return f"{where}: {snippet(got)} must be {bound} {expected}"
     if rule == "minLength":
         return f"{where}: must not be empty"
     if rule == "maxLength":
@@ -539,8 +282,8 @@ def _describe(path: _Path, rule: str, expected: Any, got: Any) -> str:
     if rule == "minItems":
         return f"{where}: needs at least {expected} item(s)"
     if rule == "pattern":
-        return f"{where}: {_snippet(got)} does not match {expected}"
-    return f"{where}: {_snippet(got)} is not a valid {expected}"  # format
+        return f"{where}: {snippet(got)} does not match {expected}"
+    return f"{where}: {snippet(got)} is not a valid {expected}"  # format
 
 
 def _is_type(value: object, name: str) -> bool:
@@ -630,19 +373,22 @@ def _reason(document: dict[str, Any]) -> str:
     and takes the first of the best. So: try each depth from the root down, and at the first
     depth that has an error, walk to it through the greatest keys that hold one.
     """
-    for depth in range(MAX_DEPTH + 2):  # errors sit no deeper than the document nests
+    for depth in range(MAX_ERROR_DEPTH):
         reason = _reason_below(document, _ROOT, depth, [])
         if reason is not None:
             return reason
     raise _SearchFailedError
 
 
-def validate_trace(document: dict[str, Any]) -> Trace:
-    """Schema-check an already decoded document (the fast path builds no error objects)."""
+def check_trace_document(document: dict[str, Any]) -> None:
+    """Schema-check a decoded document; raises SchemaViolationError with the reason.
+
+    The fast path builds no error objects; only an invalid document is searched.
+    """
     validator = _validator()
     try:
         if validator.is_valid(document):
-            return Trace(document)
+            return
         reason = _reason(document)
     except _SearchFailedError:
         reason = "does not match the schema"

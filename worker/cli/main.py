@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -38,7 +37,7 @@ def _settings(**overrides: object) -> Settings:
 
 def _checked_settings(**overrides: object) -> Settings:
     """Settings plus the weight profiles they name, validated before anything starts."""
-    from worker.scoring import ProfileError, load_profiles
+    from worker.core.scoring import ProfileError, load_profiles
 
     settings = _settings(**{k: v for k, v in overrides.items() if v is not None})
     try:
@@ -50,8 +49,8 @@ def _checked_settings(**overrides: object) -> Settings:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    from worker.offline import LineRecords, score_lines
-    from worker.pipeline import build_scorer
+    from worker.cli.score import LineRecords, score_lines
+    from worker.core.scorer import build_scorer
 
     settings = _checked_settings(profiles_file=args.profiles, accept_threshold=args.threshold)
     configure_logging(settings.log_level)
@@ -109,7 +108,7 @@ def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
     """Run the stream worker through Faust's own CLI (its flags pass through)."""
     settings = _checked_settings()
     configure_logging(settings.log_level)
-    from worker.app import create_app
+    from worker.io.app import create_app
 
     app = create_app(settings)
     if not any(arg.startswith(("--loglevel", "-l")) for arg in faust_args):
@@ -120,7 +119,7 @@ def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from worker.demo import run_demo
+    from worker.cli.demo import run_demo
 
     return run_demo(args.traces, args.rate, args.timeout, args.keep_running)
 
@@ -143,8 +142,8 @@ def _partition_list(value: str) -> list[int]:
 def cmd_replay(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from worker.pipeline import build_scorer
-    from worker.replay import ReplayRange, run_replay
+    from worker.cli.replay import ReplayRange, run_replay
+    from worker.core.scorer import build_scorer
 
     settings = _checked_settings(profiles_file=args.profiles, accept_threshold=args.threshold)
     configure_logging("WARNING" if settings.log_level == "INFO" else settings.log_level)
@@ -273,8 +272,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # start-up checks stop with a message and a code
         return exc.code if isinstance(exc.code, int) else 1
     return int(result or 0)
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    raise SystemExit(main())

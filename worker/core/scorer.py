@@ -13,61 +13,19 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any
 
 import numpy as np
-import orjson
 
-from worker import __version__
-from worker.cache import NEVER_LIVE_MS
-from worker.novelty import Embedder, PartitionCaches
-from worker.scoring import Novelty, ProfileSet, ScoreBreakdown, load_profiles, score_trace
+from worker.core.cache import NEVER_LIVE_MS, PartitionCaches
+from worker.core.embedder import Embedder
+from worker.core.errors import InternalScoringError, OutputTooLargeError, TraceError
+from worker.core.output import DEFAULT_MAX_OUTPUT_BYTES, dead_letter, scored
+from worker.core.records import OTHER_DOMAIN, Decision, RoutedRecord, SourceRecord
+from worker.core.scoring import Novelty, ProfileSet, load_profiles, score_trace
+from worker.core.trace import DEFAULT_MAX_BYTES, Trace, parse_trace
 from worker.settings import Settings
-from worker.trace import DEFAULT_MAX_BYTES, Trace, TraceError, parse_trace
 
 log = logging.getLogger(__name__)
-
-HEADER_PREFIX = "kp-"
-OTHER_DOMAIN = "other"
-
-
-class Decision(StrEnum):
-    ACCEPTED = "accepted"
-    REJECTED = "rejected"
-    DEAD_LETTER = "dead_letter"
-
-
-class InternalScoringError(TraceError):
-    """A valid trace that the scorer failed on: dead-lettered rather than lost."""
-
-    kind = "internal"
-
-
-class OutputTooLargeError(TraceError):
-    """A valid trace whose scored output would exceed the publish limit."""
-
-    kind = "output_too_large"
-
-
-DEFAULT_MAX_OUTPUT_BYTES = 2_097_152
-
-
-@dataclass(frozen=True, slots=True)
-class SourceRecord:
-    """One input record as read from the log (or a line of a file, offline)."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = ()
-
-    @property
-    def topic_partition(self) -> tuple[str, int]:
-        return (self.topic, self.partition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,24 +37,6 @@ class Thresholds:
 
     def for_domain(self, domain: str) -> float:
         return self.per_domain.get(domain, self.default)
-
-
-@dataclass(frozen=True, slots=True)
-class RoutedRecord:
-    """Where one source record goes, and what is written there."""
-
-    source: SourceRecord
-    decision: Decision
-    value: bytes | None  # None only for a dead-lettered tombstone, kept as it came
-    headers: tuple[tuple[str, bytes], ...]
-    domain_label: str
-    breakdown: ScoreBreakdown | None = None
-    error: TraceError | None = None
-    trace_id: str | None = None
-
-    @property
-    def key(self) -> bytes | None:
-        return self.source.key
 
 
 @dataclass(slots=True)
@@ -275,76 +215,34 @@ class Scorer:
         self, record: SourceRecord, item: Trace | TraceError, novelty: Novelty | None
     ) -> RoutedRecord:
         if isinstance(item, TraceError):
-            return self.dead_letter(record, item)
+            return dead_letter(record, item)
         try:
             assert novelty is not None
             breakdown = score_trace(item, novelty, self.profiles)
             threshold = self.thresholds.for_domain(item.domain)
             decision = Decision.ACCEPTED if breakdown.score >= threshold else Decision.REJECTED
-            value = self._scored_value(record, item, breakdown, threshold, decision)
-            if len(value) > self.max_output_bytes:
-                return self.dead_letter(
-                    record,
-                    OutputTooLargeError(
-                        f"scored output would be {len(value)} bytes, over the "
-                        f"{self.max_output_bytes}-byte publish limit (KP_MAX_OUTPUT_BYTES)"
-                    ),
-                )
+            routed = scored(
+                record,
+                item,
+                breakdown,
+                threshold,
+                decision,
+                self.domain_label(item.domain),
+                self.model_id,
+            )
         except Exception as exc:  # a bug must not lose the record: it goes to dead-letter
             log.exception("scoring failed", extra={"source_offset": record.offset})
-            return self.dead_letter(record, InternalScoringError(f"scoring failed: {exc!r}"[:300]))
-        headers = (
-            *record.headers,
-            (f"{HEADER_PREFIX}decision", decision.value.encode()),
-            (f"{HEADER_PREFIX}score", repr(breakdown.score).encode()),
-            (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
-        )
-        return RoutedRecord(
-            source=record,
-            decision=decision,
-            value=value,
-            headers=headers,
-            domain_label=self.domain_label(item.domain),
-            breakdown=breakdown,
-            trace_id=item.id,
-        )
-
-    def _scored_value(
-        self,
-        record: SourceRecord,
-        trace: Trace,
-        breakdown: ScoreBreakdown,
-        threshold: float,
-        decision: Decision,
-    ) -> bytes:
-        document = dict(trace.document)
-        document["metadata"] = {**document["metadata"], "quality_score": breakdown.score}
-        score: dict[str, Any] = breakdown.to_json()
-        score["threshold"] = threshold
-        score["decision"] = decision.value
-        return orjson.dumps(
-            {
-                "trace": document,
-                "score": score,
-                "scorer": {
-                    "version": __version__,
-                    "model": self.model_id,
-                    "embedder_available": self.embedder is not None,
-                },
-                "source": source_json(record),
-            }
-        )
-
-    def dead_letter(self, record: SourceRecord, error: TraceError) -> RoutedRecord:
-        """Original bytes untouched; the why and the where in headers."""
-        return RoutedRecord(
-            source=record,
-            decision=Decision.DEAD_LETTER,
-            value=record.value,
-            headers=(*record.headers, *dead_letter_headers(record, error)),
-            domain_label=OTHER_DOMAIN,
-            error=error,
-        )
+            return dead_letter(record, InternalScoringError(f"scoring failed: {exc!r}"[:300]))
+        size = len(routed.value or b"")
+        if size > self.max_output_bytes:
+            return dead_letter(
+                record,
+                OutputTooLargeError(
+                    f"scored output would be {size} bytes, over the "
+                    f"{self.max_output_bytes}-byte publish limit (KP_MAX_OUTPUT_BYTES)"
+                ),
+            )
+        return routed
 
     def valid_traces(self, records: Sequence[SourceRecord]) -> list[tuple[SourceRecord, Trace]]:
         """The records that were scored (not dead-lettered), with their traces."""
@@ -387,57 +285,12 @@ class Scorer:
         return len(live)
 
 
-def dead_letter_headers(record: SourceRecord, error: TraceError) -> tuple[tuple[str, bytes], ...]:
-    return (
-        (f"{HEADER_PREFIX}error-kind", error.kind.encode()),
-        (f"{HEADER_PREFIX}error-reason", error.reason[:500].encode("utf-8", "replace")),
-        (f"{HEADER_PREFIX}source-topic", record.topic.encode()),
-        (f"{HEADER_PREFIX}source-partition", str(record.partition).encode()),
-        (f"{HEADER_PREFIX}source-offset", str(record.offset).encode()),
-        (f"{HEADER_PREFIX}source-timestamp", str(record.timestamp_ms).encode()),
-        (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
-    )
-
-
-def without_value(routed: RoutedRecord, limit: int) -> RoutedRecord:
-    """A record too large to publish, as a dead letter that points at the original instead.
-
-    Nothing is lost: the source headers locate the original in the input topic.
-    """
-    size = len(routed.value or b"")
-    error = routed.error or OutputTooLargeError(
-        f"output of {size} bytes is over the {limit}-byte publish limit"
-    )
-    omitted = (
-        f"{HEADER_PREFIX}value-omitted",
-        f"{size} bytes, over the {limit}-byte publish limit; read the original at the "
-        f"source topic/partition/offset".encode(),
-    )
-    return RoutedRecord(
-        source=routed.source,
-        decision=Decision.DEAD_LETTER,
-        value=None,
-        headers=(*routed.source.headers, *dead_letter_headers(routed.source, error), omitted),
-        domain_label=OTHER_DOMAIN,
-        error=error,
-    )
-
-
-def source_json(record: SourceRecord) -> dict[str, Any]:
-    return {
-        "topic": record.topic,
-        "partition": record.partition,
-        "offset": record.offset,
-        "timestamp": record.timestamp_ms,
-    }
-
-
 def build_scorer(settings: Settings, *, use_embedder: bool = True) -> Scorer:
     """The scorer the settings describe; loads the model unless told not to."""
     embedder: Embedder | None = None
     reason: str | None = "disabled by flag"
     if use_embedder:
-        from worker.embedder import load_embedder
+        from worker.core.embedder import load_embedder
 
         embedder, reason = load_embedder(settings)
     ttl_ms = (

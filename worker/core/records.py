@@ -1,0 +1,55 @@
+"""The records that flow through the scorer: one read from a topic (or a file line), and where
+it is routed with what is written there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from worker.core.errors import TraceError
+from worker.core.scoring import ScoreBreakdown
+
+# The domain label of dead letters and of domains without a configured profile, so metric
+# labels stay bounded whatever producers send.
+OTHER_DOMAIN = "other"
+
+
+class Decision(StrEnum):
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    DEAD_LETTER = "dead_letter"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord:
+    """One input record as read from the log (or a line of a file, offline)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def topic_partition(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedRecord:
+    """Where one source record goes, and what is written there."""
+
+    source: SourceRecord
+    decision: Decision
+    value: bytes | None  # None only for a dead-lettered tombstone, kept as it came
+    headers: tuple[tuple[str, bytes], ...]
+    domain_label: str
+    breakdown: ScoreBreakdown | None = None
+    error: TraceError | None = None
+    trace_id: str | None = None
+
+    @property
+    def key(self) -> bytes | None:
+        return self.source.key

@@ -1,0 +1,1 @@
+"""Development tooling (the embedded broker of the demo and tests); the worker never uses it."""

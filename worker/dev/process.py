@@ -1,0 +1,129 @@
+"""``kp-scorer worker`` as a subprocess on a local broker: the demo, the tests and the benches
+start their workers here, with the same settings and the same log handling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+# Group timings for a local broker: a join there waits about half the session timeout.
+LOCAL_GROUP_SETTINGS = {
+    "KP_SESSION_TIMEOUT_SECONDS": "6",
+    "KP_HEARTBEAT_INTERVAL_SECONDS": "1",
+    "KP_COMMIT_INTERVAL_SECONDS": "0.5",
+}
+
+
+def free_loopback_port() -> int:
+    """A port free on 127.0.0.1 right now (the caller binds it soon after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class WorkerProcess:
+    """One worker process with its log in a file; ``env`` overrides settings (KP_* variables)."""
+
+    def __init__(self, bootstrap: str, log_path: Path | None = None, **env: str) -> None:
+        self.bootstrap = bootstrap
+        self.metrics_port = int(env.pop("KP_METRICS_PORT", free_loopback_port()))
+        self.env = {
+            **os.environ,
+            **LOCAL_GROUP_SETTINGS,
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "KP_METRICS_PORT": str(self.metrics_port),
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        if log_path is None:
+            handle, name = tempfile.mkstemp(prefix="kp-worker-", suffix=".log")
+            os.close(handle)
+            log_path = Path(name)
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def start(self) -> WorkerProcess:
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "worker.cli", "worker"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def events(self) -> list[dict[str, object]]:
+        """The worker's structured log lines, parsed."""
+        out = []
+        for line in self.log_path.read_bytes().splitlines():
+            if line.startswith(b"{"):
+                try:
+                    out.append(orjson.loads(line))
+                except orjson.JSONDecodeError:
+                    continue
+        return out
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def wait_for_event(self, event: str, timeout: float = 60.0, count: int = 1) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sum(1 for e in self.events() if e.get("event") == event) >= count:
+                return
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"worker exited ({self.process.returncode}):\n{self.tail()}")
+            time.sleep(0.1)
+        raise TimeoutError(f"worker did not log {event!r} within {timeout} s:\n{self.tail()}")
+
+    def wait_ready(self, timeout: float = 90.0) -> WorkerProcess:
+        """Started, and holding partitions (a group join on a local broker takes a few s)."""
+        self.wait_for_event("partitions assigned", timeout)
+        return self
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no final commit."""
+        self.signal(signal.SIGKILL)
+        if self.process is not None:
+            self.process.wait(10)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM, then SIGKILL if it does not exit in time."""
+        if self.process is None:
+            return None
+        self.signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.process.returncode
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,1 @@
+"""Kafka: clients, topics, the Faust app. The only package that talks to a broker."""

@@ -1,0 +1,1 @@
+"""Running the scorer over a stream: per-partition state, the record pipeline, metrics."""

@@ -1,0 +1,193 @@
+"""The partitions this worker owns, each with one owner of its state: novelty cache, next
+offset to score, epoch and the order its records are scored in.
+
+- A partition is initialised the first time it is needed (on assignment, or its first record):
+  its novelty cache is rebuilt from the records before the committed offset, exactly as live
+  scoring left it.
+- Records the consumer skipped (between the next expected offset and a delivered one) are
+  read from the log, so none goes unscored; redelivered records are recognised.
+- Forgetting a partition (revocation, failure) bumps its epoch: work of an older epoch still
+  in the pipeline leaves no state behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from worker.core.records import SourceRecord
+from worker.core.scorer import Scorer
+from worker.core.trace import Trace
+from worker.stream.observer import MetricsObserver
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+# Rebuild reads back in steps of this many records beyond the cache capacity to find
+# enough valid traces when some preceding records were dead-lettered.
+REBUILD_EXTRA_STEP = 256
+
+
+class LogReader(Protocol):
+    async def committed(self, topic: str, partition: int) -> int | None: ...
+    async def first_offset(self, topic: str, partition: int) -> int: ...
+    async def read(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[SourceRecord]: ...
+
+
+@dataclass
+class Admitted:
+    """What to do with delivered records of one partition, in offset order."""
+
+    to_score: list[tuple[SourceRecord, bool]] = field(default_factory=list)  # (record, delivered)
+    redelivered: list[SourceRecord] = field(default_factory=list)
+
+
+class Partitions:
+    """State of every owned partition; reads of the log and rebuilds run one at a time."""
+
+    def __init__(self, scorer: Scorer, reader: LogReader, observer: MetricsObserver) -> None:
+        self.scorer = scorer
+        self.reader = reader
+        self.observer = observer
+        self._next_offset: dict[TopicPartition, int] = {}
+        self._epochs: dict[TopicPartition, int] = defaultdict(int)
+        self._last_scored: dict[TopicPartition, asyncio.Future[None]] = {}
+        self._lock = asyncio.Lock()
+
+    def owned(self) -> list[TopicPartition]:
+        return list(self._next_offset)
+
+    def epoch(self, tp: TopicPartition) -> int:
+        return self._epochs[tp]
+
+    def forget(self, partitions: Sequence[TopicPartition]) -> None:
+        """Revoked, reassigned or failed: state must be rebuilt before the next use."""
+        for tp in partitions:
+            self._epochs[tp] += 1
+            self._next_offset.pop(tp, None)
+            self._last_scored.pop(tp, None)
+            self.scorer.caches.drop(tp)
+            self.observer.partition_forgotten(tp)
+
+    def after(self, tp: TopicPartition, scored: asyncio.Future[None]) -> asyncio.Future[None] | None:
+        """Queue a record's scoring behind the partition's previous one; returns that one."""
+        previous = self._last_scored.get(tp)
+        self._last_scored[tp] = scored
+        return previous
+
+    async def prepare(self, partitions: Sequence[TopicPartition]) -> None:
+        """Initialise newly assigned partitions before their records arrive (a failure here
+        is retried by the partition's first record)."""
+        async with self._lock:
+            for tp in partitions:
+                if tp in self._next_offset:
+                    continue
+                try:
+                    await self._initialise(tp, None)
+                except Exception as exc:
+                    log.warning(
+                        "could not prepare partition ahead of its records",
+                        extra={"topic": tp[0], "partition": tp[1], "error": repr(exc)[:300]},
+                    )
+
+    async def admit(self, tp: TopicPartition, delivered: Sequence[SourceRecord]) -> Admitted:
+        """Which of a partition's delivered records to score (with skipped ones from the log
+        before them) and which were scored already. ``delivered`` is in offset order."""
+        async with self._lock:
+            if tp not in self._next_offset:
+                await self._initialise(tp, delivered[0].offset)
+            admitted = Admitted()
+            for record in delivered:
+                expected = self._next_offset[tp]
+                if record.offset < expected:
+                    admitted.redelivered.append(record)  # its embedding is in the cache
+                    continue
+                if record.offset > expected:
+                    gap = await self._read_gap(tp, expected, record.offset)
+                    admitted.to_score += [(missed, False) for missed in gap]
+                admitted.to_score.append((record, True))
+                self._next_offset[tp] = record.offset + 1
+            return admitted
+
+    async def _read_gap(self, tp: TopicPartition, start: int, end: int) -> list[SourceRecord]:
+        """Records the consumer never delivered: read them from the log so none goes unscored."""
+        gap = await self.reader.read(tp[0], tp[1], start, end)
+        self.observer.gap_read(len(gap))
+        log.warning(
+            "consumer skipped records; scoring them from the log",
+            extra={
+                "topic": tp[0],
+                "partition": tp[1],
+                "start": start,
+                "end": end,
+                "records": len(gap),
+            },
+        )
+        return gap
+
+    async def _initialise(self, tp: TopicPartition, first_delivered: int | None) -> None:
+        """Start from the committed offset (or, with none, the first delivered record or the
+        log's start: where a new group's consumer starts too)."""
+        topic, partition = tp
+        committed = await self.reader.committed(topic, partition)
+        if committed is not None:
+            start = committed if first_delivered is None else min(committed, first_delivered)
+        elif first_delivered is not None:
+            start = first_delivered
+        else:
+            start = await self.reader.first_offset(topic, partition)
+        # Records of an earlier ownership still in the pipeline must not touch the new cache.
+        self._epochs[tp] += 1
+        self._last_scored.pop(tp, None)
+        self.scorer.caches.drop(tp)
+        await self.rebuild_cache(tp, start)
+        self._next_offset[tp] = start
+
+    async def rebuild_cache(self, tp: TopicPartition, before: int) -> int:
+        """Fill tp's cache from the records preceding ``before``, exactly as live scoring did.
+
+        The cache held the last ``capacity`` valid traces before ``before``; dead-lettered
+        records never entered it, so the read goes back until it has that many valid ones.
+        """
+        if self.scorer.embedder is None:
+            return 0
+        topic, partition = tp
+        began = time.monotonic()
+        low = await self.reader.first_offset(topic, partition)
+        capacity = self.scorer.caches.capacity
+        end, start = before, max(low, before - capacity)
+        traces: list[tuple[SourceRecord, Trace]] = []
+        while end > start:
+            chunk = await self.reader.read(topic, partition, start, end)
+            traces = self.scorer.valid_traces(chunk) + traces
+            if len(traces) >= capacity or start <= low:
+                break
+            end, start = start, max(low, start - (capacity - len(traces)) - REBUILD_EXTRA_STEP)
+        traces = traces[-capacity:]
+        if not traces:
+            return 0
+        expire_before_ms = None
+        if self.scorer.caches.ttl_ms is not None:
+            following = await self.reader.read(topic, partition, before, before + 1)
+            if following:
+                expire_before_ms = following[0].timestamp_ms - self.scorer.caches.ttl_ms
+        embedded = await asyncio.to_thread(self.scorer.warm_partition, tp, traces, expire_before_ms)
+        seconds = time.monotonic() - began
+        self.observer.cache_rebuilt(seconds, embedded)
+        log.info(
+            "rebuilt novelty cache",
+            extra={
+                "topic": topic,
+                "partition": partition,
+                "records": embedded,
+                "seconds": round(seconds, 3),
+            },
+        )
+        return embedded
