@@ -12,10 +12,6 @@ import contextlib
 import itertools
 import os
 import platform
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterable, Sequence
@@ -35,6 +31,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from worker.core.trace import parse_trace
+from worker.dev.process import WorkerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "traces.jsonl"
@@ -198,59 +195,15 @@ async def create_topics(bootstrap: str, topics: Topics) -> None:
         await admin.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Worker:
-    """``python -m worker.cli worker`` as a subprocess with KP_* overrides; log in a temp file.
+class Worker(WorkerProcess):
+    """``kp-scorer worker`` as a subprocess with KP_* overrides; log in a temp file.
 
     Settings not overridden are the shipped defaults (``env`` goes on top of this process's
     environment and the bench's topics, metrics port and short group timings).
     """
 
     def __init__(self, bootstrap: str, **env: str) -> None:
-        self.metrics_port = free_port()
-        self.env = {
-            **os.environ,
-            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-            "KP_METRICS_PORT": str(self.metrics_port),
-            "KP_SESSION_TIMEOUT_SECONDS": "6",
-            "KP_HEARTBEAT_INTERVAL_SECONDS": "1",
-            "KP_COMMIT_INTERVAL_SECONDS": "0.5",
-            "KP_LOG_LEVEL": "INFO",
-            "PYTHONUNBUFFERED": "1",
-            **env,
-        }
-        handle, name = tempfile.mkstemp(prefix="kp-bench-worker-", suffix=".log")
-        os.close(handle)
-        self.log_path = Path(name)
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    def start(self) -> Worker:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", "worker"],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=REPO,
-            )
-        return self
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
+        super().__init__(bootstrap, **{"KP_LOG_LEVEL": "INFO", **env})
 
     def metrics_text(self) -> str:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
@@ -270,18 +223,8 @@ class Worker:
                 await asyncio.sleep(0.2)
         raise TimeoutError(f"worker did not serve metrics in {timeout} s:\n{self.tail()}")
 
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-
     def cleanup(self) -> None:
-        self.stop()
+        self.stop(20)
         with contextlib.suppress(OSError):
             self.log_path.unlink()
 

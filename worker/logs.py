@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import sys
+import logging.config
 from typing import Any
 
 import orjson
@@ -25,9 +25,22 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
+def logging_config(level: str = "INFO") -> dict[str, Any]:
+    """The one logging configuration: JSON lines on stderr (the Faust app is given it too)."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "worker.logs.JsonFormatter"}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "json",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "root": {"handlers": ["stderr"], "level": level},
+    }
+
+
 def configure_logging(level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
+    logging.config.dictConfig(logging_config(level))

@@ -170,6 +170,16 @@ class Settings(BaseSettings):
             )
         return self
 
+    @property
+    def fetch_max_bytes(self) -> int:
+        """Bytes a consumer may fetch from one partition: room for the largest input twice."""
+        return max(1_048_576, self.max_message_bytes * 2)
+
+    @property
+    def output_record_limit(self) -> int:
+        """The largest output record with its headers and framing (producer and topic limit)."""
+        return self.max_output_bytes + 65_536
+
     @cached_property
     def resolved_embed_concurrency(self) -> int:
         return self.embed_concurrency or os.cpu_count() or 1

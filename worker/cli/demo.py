@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -28,7 +25,8 @@ from rich.table import Table
 
 from worker.core.output import output_topics
 from worker.core.records import Decision
-from worker.io.kafka import ensure_topics
+from worker.dev.process import WorkerProcess
+from worker.io.kafka import ensure_topics, topic_partitions
 from worker.settings import Settings, load_settings
 
 console = Console()
@@ -100,7 +98,7 @@ async def _collect(settings: Settings, accounting: Accounting, timeout: float) -
         partitions = [
             TopicPartition(topic, p)
             for topic in topics
-            for p in consumer.partitions_for_topic(topic) or await _partitions(consumer, topic)
+            for p in await topic_partitions(settings, topic)
         ]
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
@@ -120,11 +118,6 @@ async def _collect(settings: Settings, accounting: Accounting, timeout: float) -
                             accounting.kinds[kind.decode()] += 1
     finally:
         await consumer.stop()
-
-
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    await consumer._client.force_metadata_update()
-    return consumer.partitions_for_topic(topic) or set()
 
 
 def _scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -221,24 +214,6 @@ def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: S
     console.print(f"metrics were served at http://127.0.0.1:{port}/metrics")
 
 
-def _wait_for_assignment(worker: subprocess.Popen[bytes], log: Path, timeout: float) -> bool:
-    """Publishing before the worker holds its partitions would measure start-up, not scoring."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and worker.poll() is None:
-        if b'"partitions assigned"' in log.read_bytes():
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running: bool) -> int:
     try:
         from worker.dev.embedded_broker import EmbeddedBroker
@@ -252,33 +227,23 @@ def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running
     traces = [line for line in path.read_bytes().splitlines() if line.strip()]
 
     with EmbeddedBroker() as broker:
-        port = _free_port()
+        log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
+        worker = WorkerProcess(broker.bootstrap_servers, log_path=log)
+        port = worker.metrics_port
         settings = load_settings(
             kafka_bootstrap_servers=broker.bootstrap_servers, metrics_port=port
         )
         console.print(f"broker ready at {broker.bootstrap_servers}")
         asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))
-        log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
-        env = {
-            **os.environ,
-            "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
-            "KP_METRICS_PORT": str(port),
-            "KP_SESSION_TIMEOUT_SECONDS": "6",
-        }
-        with log.open("wb") as log_file:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", "worker"],
-                env=env,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        worker.start()
         console.print(
             f"worker started (pid {worker.pid}, log {log}); "
             f"metrics at http://127.0.0.1:{port}/metrics"
         )
         try:
-            if not _wait_for_assignment(worker, log, timeout):
+            try:
+                worker.wait_ready(timeout)
+            except (TimeoutError, RuntimeError):
                 console.print(f"[red]the worker did not become ready; see {log}[/]")
                 return 1
             published_at = time.monotonic()
@@ -286,7 +251,7 @@ def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running
             expected = asyncio.run(_publish(settings, traces, rate))
             accounting = Accounting(expected=expected)
             asyncio.run(_collect(settings, accounting, timeout))
-            if worker.poll() is not None:
+            if not worker.alive():
                 console.print(f"[red]the worker exited early; see {log}[/]")
                 return 1
             metrics = _scrape(port)
@@ -300,11 +265,8 @@ def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running
             if keep_running:
                 console.print("worker and broker keep running; Ctrl-C to stop")
                 with contextlib.suppress(KeyboardInterrupt):
-                    worker.wait()
+                    assert worker.process is not None
+                    worker.process.wait()
             return 0 if accounting.complete else 1
         finally:
-            worker.terminate()
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+            worker.stop()

@@ -13,7 +13,6 @@ in any batch.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +23,8 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
+
+from worker.core.digest import file_sha256
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -213,7 +214,7 @@ class OnnxEmbedder:
                 f"intra_op_threads={intra_op_threads}, concurrency={concurrency}"
             )
         model_path = Path(model_path)
-        actual_sha256 = _sha256_of(model_path)
+        actual_sha256 = file_sha256(model_path, "model file", EmbedderUnavailable)
         if expected_sha256 is not None and actual_sha256 != expected_sha256.strip().lower():
             raise EmbedderUnavailable(
                 f"model {model_path} has sha256 {actual_sha256}, expected {expected_sha256} "
@@ -297,7 +298,7 @@ def _int8_engine(
     """
     from worker.core.quantize import QuantizeError, default_cache_dir, derive_int8_model
 
-    actual = _sha256_of(source)
+    actual = file_sha256(source, "model file", EmbedderUnavailable)
     if expected_sha256 is not None and actual != expected_sha256.strip().lower():
         raise EmbedderUnavailable(
             f"model {source} has sha256 {actual}, expected {expected_sha256}; "
@@ -350,17 +351,6 @@ def _model_id(model_path: Path, sha256: str) -> str:
     if model_path.stem == "model" and model_path.parent.name:
         return model_path.parent.name
     return model_path.stem
-
-
-def _sha256_of(path: Path) -> str:
-    """Hash the file in chunks: models can be far larger than we want to hold twice."""
-    try:
-        with path.open("rb") as file:
-            return hashlib.file_digest(file, "sha256").hexdigest()
-    except FileNotFoundError:
-        raise EmbedderUnavailable(f"model file not found: {path}") from None
-    except OSError as exc:
-        raise EmbedderUnavailable(f"model file {path} cannot be read: {exc}") from None
 
 
 def _load_tokenizer(path: Path, max_tokens: int) -> tuple[Tokenizer, int]:

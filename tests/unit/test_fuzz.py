@@ -25,14 +25,12 @@ import json
 import math
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from traces import code_review_example, finance_example, make_trace, steps_of
 
 from worker.core.cache import PartitionCaches
 from worker.core.errors import INPUT_ERROR_KINDS, TraceError
@@ -41,7 +39,9 @@ from worker.core.scorer import Scorer, Thresholds
 from worker.core.scoring import BUILTIN_PROFILES, Novelty, ProfileSet, score_trace
 from worker.core.trace import parse_trace
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces.jsonl"
+from support.paths import EXAMPLES
+from support.traces import code_review_example, finance_example, make_trace, steps_of
+
 BUILTIN = ProfileSet(BUILTIN_PROFILES)
 SCORER = Scorer(BUILTIN, Thresholds(), PartitionCaches(1000), embedder=None)
 

@@ -1,7 +1,7 @@
 """OnnxEmbedder: golden vectors, batch invariance, truncation at 256, fallback on load failures.
 
 The golden vectors in tests/data/golden_embeddings.json were computed once with this
-implementation (`python tests/test_embedder.py --regenerate`); a change in them means
+implementation (`python tests/unit/test_embedder.py --regenerate`); a change in them means
 every novelty score in a replay would change.
 """
 
@@ -27,7 +27,7 @@ from worker.core.embedder import (
 )
 from worker.settings import DEFAULT_TOKENIZER_PATH, load_settings
 
-GOLDEN_PATH = Path(__file__).parent / "data" / "golden_embeddings.json"
+GOLDEN_PATH = Path(__file__).resolve().parents[1] / "data" / "golden_embeddings.json"
 GOLDEN_TEXTS = {
     "english": "The agent searched the knowledge base, found two conflicting answers and "
     "asked the user which policy applies.",
@@ -347,7 +347,7 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--regenerate"]:
         _regenerate()
     else:
-        sys.exit("usage: python tests/test_embedder.py --regenerate")
+        sys.exit("usage: python tests/unit/test_embedder.py --regenerate")
 
 
 @pytest.mark.parametrize(

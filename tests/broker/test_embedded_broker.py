@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from kafka_helpers import consume_all, create_topics, produce
 
 from worker.dev.embedded_broker import (
     BrokerStartError,
@@ -21,6 +20,9 @@ from worker.dev.embedded_broker import (
     wait_for_kafka,
 )
 from worker.dev.embedded_broker import _api_versions as api_versions
+from worker.dev.process import free_loopback_port
+
+from support.kafka_helpers import consume_all, create_topics, produce
 
 
 def _process_exists(pid: int) -> bool:
@@ -29,13 +31,6 @@ def _process_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.mark.broker
@@ -124,7 +119,7 @@ def test_stop_kills_a_broker_that_ignores_sigterm() -> None:
 
 
 def test_wait_for_kafka_on_a_closed_port_fails_fast_and_clearly() -> None:
-    port = _closed_port()
+    port = free_loopback_port()  # closed: bound, then released; nothing listens there
     started = time.monotonic()
     with pytest.raises(KafkaUnreachableError) as caught:
         wait_for_kafka(f"127.0.0.1:{port}", timeout=0.5)

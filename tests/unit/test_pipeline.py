@@ -11,7 +11,16 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 import pytest
-from traces import (
+
+import worker.core.scorer as pipeline_module
+from worker import __version__
+from worker.core.cache import PartitionCaches
+from worker.core.records import OTHER_DOMAIN, Decision, RoutedRecord, SourceRecord
+from worker.core.scorer import Scorer, Thresholds, build_scorer
+from worker.core.scoring import Novelty, NoveltySource, ProfileSet, load_profiles
+from worker.settings import Settings
+
+from support.traces import (
     BUILTIN,
     CODE_REVIEW_EXPECTED_SCORE,
     FINANCE_EXPECTED_SCORE,
@@ -22,14 +31,6 @@ from traces import (
     steps_of,
     trace_bytes,
 )
-
-import worker.core.scorer as pipeline_module
-from worker import __version__
-from worker.core.cache import PartitionCaches
-from worker.core.records import OTHER_DOMAIN, Decision, RoutedRecord, SourceRecord
-from worker.core.scorer import Scorer, Thresholds, build_scorer
-from worker.core.scoring import Novelty, NoveltySource, ProfileSet, load_profiles
-from worker.settings import Settings
 
 FAKE_DIMS = 32
 TOPIC = "kp.traces.raw"

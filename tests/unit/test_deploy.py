@@ -1,9 +1,9 @@
 """Deployment files agree with the worker: compose, Dockerfile, Prometheus, Grafana, k8s.
 
 No Docker here. The static tests parse every file and cross-check names, ports, paths and
-settings against ``worker.settings``. The broker tests run a real worker, score the sample
-traces plus a malformed record, scrape its /metrics, and check both the values and that every
-metric named by the dashboard, the alert rules and the autoscaler is one the worker exports.
+settings against ``worker.settings``. The live-worker half (every metric named by the
+dashboard, the alert rules and the autoscaler is one a real worker exports) is
+``tests/broker/test_deploy_live.py``.
 """
 
 from __future__ import annotations
@@ -11,41 +11,33 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
-import urllib.request
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-import promql_parser
 import pytest
-import yaml
-from kafka_helpers import create_topics, produce
-from outputs import collect_outputs
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import AliasChoices
-from worker_process import WorkerProcess, worker_topics
 
-from worker.core.records import OTHER_DOMAIN
 from worker.core.scorer import build_scorer
 from worker.core.scoring import BUILTIN_PROFILES, profiles_from_mapping
 from worker.settings import Settings, load_settings
 
-REPO = Path(__file__).resolve().parents[1]
-COMPOSE = REPO / "docker-compose.yml"
-DOCKERFILE = REPO / "Dockerfile"
-PROMETHEUS = REPO / "deploy" / "prometheus" / "prometheus.yml"
-ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
-DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "kp-scorer.json"
-GRAFANA_DATASOURCES = (
-    REPO / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
+from support.deploy_files import (
+    COMPOSE,
+    DASHBOARD,
+    DOCKERFILE,
+    GRAFANA_DASHBOARDS,
+    GRAFANA_DATASOURCES,
+    K8S,
+    PROMETHEUS,
+    alert_rules,
+    autoscaler_queries,
+    dashboard_queries,
+    k8s,
+    k8s_documents,
+    load_yaml,
+    promql_metric_names,
 )
-GRAFANA_DASHBOARDS = REPO / "deploy" / "grafana" / "provisioning" / "dashboards" / "dashboards.yml"
-K8S = REPO / "deploy" / "k8s"
-EXAMPLES = REPO / "examples" / "traces.jsonl"
+from support.paths import REPO
 
 DEFAULTS = Settings()
 DEFAULT_TOPICS = {
@@ -54,8 +46,6 @@ DEFAULT_TOPICS = {
     DEFAULTS.rejected_topic,
     DEFAULTS.dead_letter_topic,
 }
-# Series Prometheus records itself for every target; alerts may use them.
-PROMETHEUS_SERIES = {"up"}
 # What the dashboard must show (the brief of the dashboard), by the series it reads.
 DASHBOARD_MUST_USE = {
     "kp_records_total",
@@ -82,35 +72,12 @@ ALERTS_MUST_USE = {
 
 
 # -- loading ------------------------------------------------------------------------------
-def load_yaml(path: Path) -> Any:
-    return yaml.safe_load(path.read_text())
-
-
 def compose() -> dict[str, Any]:
     return load_yaml(COMPOSE)  # type: ignore[no-any-return]
 
 
 def service(name: str) -> dict[str, Any]:
     return compose()["services"][name]  # type: ignore[no-any-return]
-
-
-def k8s_documents() -> list[dict[str, Any]]:
-    docs = []
-    for path in sorted(K8S.glob("*.yaml")):
-        if path.name == "kustomization.yaml":
-            continue
-        docs += [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-    return docs
-
-
-def k8s(kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [
-        d
-        for d in k8s_documents()
-        if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
-    ]
-    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
-    return found[0]
 
 
 def setting_env_names() -> set[str]:
@@ -157,42 +124,6 @@ def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Setti
     return load_settings()
 
 
-# -- PromQL -------------------------------------------------------------------------------
-GRAFANA_INTERVALS = re.compile(r"\$__(rate_interval|interval|range)\b")
-LABEL_VALUES = re.compile(r"^\s*label_values\((?P<selector>.+),\s*\w+\s*\)\s*$")
-
-
-def promql_metric_names(expr: str) -> set[str]:
-    """Metric names selected by a PromQL expression (parsed, so a syntax error fails loudly).
-
-    Grafana's interval variables become a duration; ``label_values(selector, label)`` (a
-    Grafana template query) contributes its selector.
-    """
-    expr = GRAFANA_INTERVALS.sub("5m", expr)
-    match = LABEL_VALUES.match(expr)
-    if match:
-        expr = match["selector"]
-    names: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, promql_parser.VectorSelector):
-            assert node.name, f"selector without a metric name in {expr!r}"
-            names.add(node.name)
-            return
-        for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
-            child = getattr(node, attr, None)
-            if isinstance(child, promql_parser.Expr):
-                walk(child)
-        for arg in getattr(node, "args", None) or ():
-            walk(arg)
-
-    try:
-        walk(promql_parser.parse(expr))
-    except ValueError as exc:
-        raise AssertionError(f"invalid PromQL {expr!r}: {exc}") from None
-    return names
-
-
 def test_promql_metric_names_reads_nested_expressions() -> None:
     expr = (
         'histogram_quantile(0.99, sum by (le) (rate(a_bucket{x=~"$x",le="0.1"}[$__rate_interval])))'
@@ -204,30 +135,6 @@ def test_promql_metric_names_reads_nested_expressions() -> None:
     }
     with pytest.raises(AssertionError, match="invalid PromQL"):
         promql_metric_names("sum(rate(x[5m])")
-
-
-def dashboard_queries() -> list[str]:
-    dashboard = json.loads(DASHBOARD.read_text())
-    queries = [
-        target["expr"]
-        for panel in dashboard["panels"]
-        for target in panel.get("targets", [])
-        if "expr" in target
-    ]
-    for variable in dashboard["templating"]["list"]:
-        if variable["type"] == "query":
-            query = variable["query"]
-            queries.append(query["query"] if isinstance(query, dict) else query)
-    return queries
-
-
-def alert_rules() -> list[dict[str, Any]]:
-    return [rule for group in load_yaml(ALERTS)["groups"] for rule in group["rules"]]
-
-
-def autoscaler_queries() -> list[str]:
-    scaled = k8s("ScaledObject")
-    return [t["metadata"]["query"] for t in scaled["spec"]["triggers"] if t["type"] == "prometheus"]
 
 
 # -- docker-compose -----------------------------------------------------------------------
@@ -482,143 +389,3 @@ def test_k8s_autoscaler_is_capped_at_the_partition_count() -> None:
     for query in autoscaler_queries():
         assert f'topic="{env["KP_INPUT_TOPIC"]}"' in query
         assert promql_metric_names(query)
-
-
-# -- a live worker ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LiveWorker:
-    inputs: int
-    valid: int
-    samples: dict[str, list[tuple[dict[str, str], float]]]  # sample name -> (labels, value)
-    series: set[str]  # every series name the worker exports (suffixes included)
-    rss_mib: float
-    hwm_mib: float
-    cpu_seconds: float
-
-    def value(self, name: str, **labels: str) -> float:
-        return sum(v for got, v in self.samples.get(name, []) if labels.items() <= got.items())
-
-
-def exported_series(text: str) -> tuple[set[str], dict[str, list[tuple[dict[str, str], float]]]]:
-    """Series names in an exposition, including those of families with no samples yet."""
-    suffixes = {
-        "counter": ("_total", "_created"),
-        "histogram": ("_bucket", "_count", "_sum", "_created"),
-        "summary": ("_count", "_sum", "_created", ""),
-        "info": ("_info",),
-        "gauge": ("",),
-    }
-    names: set[str] = set()
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        names.update(family.name + s for s in suffixes.get(family.type, ("",)))
-        for sample in family.samples:
-            names.add(sample.name)
-            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return names, samples
-
-
-def process_figures(pid: int) -> tuple[float, float, float]:
-    """(VmRSS MiB, VmHWM MiB, CPU seconds user+system) of a process, from /proc."""
-    status = dict(
-        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-    )
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (
-        int(status["VmRSS"].split()[0]) / 1024,
-        int(status["VmHWM"].split()[0]) / 1024,
-        (int(fields[11]) + int(fields[12])) / ticks,
-    )
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return response.read().decode()  # type: ignore[no-any-return]
-
-
-@pytest.fixture(scope="module")
-def live_worker(kafka_bootstrap: str) -> Iterator[LiveWorker]:
-    prefix = f"deploy-{uuid.uuid4().hex[:8]}"
-    env, outputs = worker_topics(prefix, 4)
-    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=4)
-    lines = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
-    records = [
-        (orjson.loads(line)["metadata"]["task_domain"].encode(), line, None, None) for line in lines
-    ]
-    records.append((b"bad", b"{not json", None, None))
-
-    with WorkerProcess(kafka_bootstrap, **env) as worker:
-        worker.wait_ready()
-        assert worker.process is not None
-        produced = produce(kafka_bootstrap, env["KP_INPUT_TOPIC"], records)
-        collect_outputs(kafka_bootstrap, outputs, {(p.partition, p.offset) for p in produced})
-        # Metrics are observed right after the publish is acknowledged: wait for the last.
-        deadline = time.monotonic() + 10
-        while True:
-            text = scrape(worker.metrics_port)
-            series, samples = exported_series(text)
-            count = sum(v for _, v in samples.get("kp_trace_latency_seconds_count", []))
-            if count >= len(records) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        rss, hwm, cpu = process_figures(worker.process.pid)
-        print(
-            f"\nworker after scoring {len(records)} records: VmRSS {rss:.0f} MiB, "
-            f"VmHWM {hwm:.0f} MiB, CPU {cpu:.1f} s since start"
-        )
-        yield LiveWorker(len(records), len(lines), samples, series, rss, hwm, cpu)
-
-
-@pytest.mark.broker
-def test_live_worker_metric_values(live_worker: LiveWorker) -> None:
-    live = live_worker
-    assert live.value("kp_records_total") == live.inputs
-    assert live.value("kp_records_total", decision="dead_letter") == 1
-    assert live.value("kp_dead_letters_total", kind="invalid_json") == 1
-    assert live.value("kp_trace_latency_seconds_count") == live.inputs
-    buckets = {labels["le"] for labels, _ in live.samples["kp_trace_latency_seconds_bucket"]}
-    assert "0.1" in buckets, "a bucket boundary exactly at the 100 ms budget"
-    assert live.value("kp_trace_latency_seconds_bucket", le="+Inf") == live.inputs
-    breaches = live.value("kp_budget_breaches_total")
-    within = live.value("kp_trace_latency_seconds_bucket", le="0.1")
-    assert breaches == live.inputs - within, "breaches = traces above the 0.1 s bucket"
-    assert live.value("kp_embedder_up") == 1
-    assert live.value("kp_batch_size_count") == live.inputs, "pipeline depth seen by each record"
-    assert live.value("kp_end_to_end_latency_seconds_count") == live.inputs
-    assert live.samples.get("kp_cache_entries"), "kp_cache_entries is exported"
-    assert live.value("kp_cache_entries") == live.valid, "every scored trace enters a cache"
-    assert live.value("kp_score_count") == live.valid
-    for dimension in ("complexity", "novelty", "tool_diversity", "outcome"):
-        assert live.value("kp_score_dimension_count", dimension=dimension) == live.valid
-    domains = {labels["domain"] for labels, _ in live.samples["kp_records_total"]}
-    assert domains <= set(BUILTIN_PROFILES) | {OTHER_DOMAIN}
-    assert live.samples.get("kp_consumer_lag_records")
-    assert live.samples.get("kp_consumer_lag_seconds")
-    print(
-        f"latency: {within:.0f} of {live.inputs} within 0.1 s, {breaches:.0f} breaches "
-        "(a burst of 51 on a cold worker)"
-    )
-
-
-@pytest.mark.broker
-def test_dashboard_uses_only_exported_metrics(live_worker: LiveWorker) -> None:
-    used: set[str] = set()
-    for query in dashboard_queries():
-        used |= promql_metric_names(query)
-    assert used - live_worker.series == set()
-
-
-@pytest.mark.broker
-def test_alerts_use_only_exported_metrics(live_worker: LiveWorker) -> None:
-    for rule in alert_rules():
-        unknown = promql_metric_names(rule["expr"]) - live_worker.series - PROMETHEUS_SERIES
-        assert not unknown, f"{rule['alert']} uses {sorted(unknown)}"
-
-
-@pytest.mark.broker
-def test_autoscaler_uses_only_exported_metrics(live_worker: LiveWorker) -> None:
-    queries = autoscaler_queries()
-    assert queries
-    for query in queries:
-        assert promql_metric_names(query) - live_worker.series == set()

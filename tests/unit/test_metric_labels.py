@@ -14,12 +14,13 @@ from collections.abc import Sequence
 
 import orjson
 from prometheus_client import REGISTRY
-from traces import make_trace
 
 from worker.core.records import OTHER_DOMAIN, RoutedRecord, SourceRecord
 from worker.core.scorer import build_scorer
 from worker.settings import load_settings
 from worker.stream.processor import StreamScorer
+
+from support.traces import make_trace
 
 TRACES = 10_000
 BATCH = 200

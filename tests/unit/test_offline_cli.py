@@ -14,14 +14,6 @@ from typing import Any
 
 import orjson
 import pytest
-from traces import (
-    CODE_REVIEW_EXPECTED_SCORE,
-    FINANCE_EXPECTED_SCORE,
-    FIXED_CREATED_AT_MS,
-    code_review_example,
-    finance_example,
-    make_trace,
-)
 
 from worker.cli.main import main
 from worker.cli.score import LineRecords, output_line, score_lines
@@ -30,8 +22,15 @@ from worker.core.records import SourceRecord
 from worker.core.scorer import Scorer, Thresholds
 from worker.core.scoring import BUILTIN_PROFILES, ProfileSet
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "examples" / "traces.jsonl"
+from support.paths import EXAMPLES, REPO
+from support.traces import (
+    CODE_REVIEW_EXPECTED_SCORE,
+    FINANCE_EXPECTED_SCORE,
+    FIXED_CREATED_AT_MS,
+    code_review_example,
+    finance_example,
+    make_trace,
+)
 
 
 @pytest.fixture(autouse=True)

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from kafka_helpers import create_topics
-from tcp_proxy import TcpProxy, free_loopback_port
-from traces import make_trace
-from worker_process import WorkerProcess, worker_topics
 
 from worker.dev.embedded_broker import EmbeddedBroker
+from worker.dev.process import WorkerProcess, free_loopback_port
+
+from support.kafka_helpers import create_topics
+from support.tcp_proxy import TcpProxy
+from support.traces import make_trace
+from support.workers import worker_topics
 
 pytestmark = pytest.mark.broker
 

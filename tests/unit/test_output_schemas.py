@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import orjson
 import pytest
 from jsonschema import Draft202012Validator
@@ -15,8 +13,9 @@ from worker.core.records import Decision, SourceRecord
 from worker.core.scorer import build_scorer
 from worker.settings import load_settings
 
-SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces.jsonl"
+from support.paths import EXAMPLES, REPO
+
+SCHEMAS = REPO / "schemas"
 
 
 def validator(name: str) -> Draft202012Validator:

@@ -12,20 +12,20 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from pathlib import Path
 
 import orjson
 import pytest
-from kafka_helpers import create_topics, produce
-from outputs import Output, collect_outputs
 from prometheus_client.parser import text_string_to_metric_families
-from worker_process import WorkerProcess
 
 from worker.core.trace import parse_trace
+from worker.dev.process import WorkerProcess
+
+from support.kafka_helpers import create_topics, produce
+from support.outputs import Output, collect_outputs
+from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.broker
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces.jsonl"
 PARTITIONS = 4
 PER_ROUND = 400
 # A worker shares the 2 cores with the other worker and the broker: one embedding thread

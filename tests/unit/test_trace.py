@@ -13,17 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import best_match
-from traces import (
-    CONTEXT_DEV,
-    CONTEXT_ORG,
-    DELETE,
-    code_review_example,
-    finance_example,
-    make_trace,
-    step,
-    steps_of,
-    trace_bytes,
-)
 
 from worker.core import schema as schema_module
 from worker.core.errors import (
@@ -44,6 +33,18 @@ from worker.core.trace import (
     decode_json,
     parse_trace,
     validate_trace,
+)
+
+from support.traces import (
+    CONTEXT_DEV,
+    CONTEXT_ORG,
+    DELETE,
+    code_review_example,
+    finance_example,
+    make_trace,
+    step,
+    steps_of,
+    trace_bytes,
 )
 
 Mutation = Callable[[dict[str, Any]], object]

@@ -5,21 +5,22 @@ from __future__ import annotations
 import io
 import time
 import uuid
-from pathlib import Path
 
 import orjson
 import pytest
-from kafka_helpers import create_topics, produce
-from outputs import collect_outputs, first_by_source
-from worker_process import WorkerProcess, worker_topics
 
 from worker.cli.score import LineRecords, score_lines
 from worker.core.scorer import build_scorer
+from worker.dev.process import WorkerProcess
 from worker.settings import load_settings
+
+from support.kafka_helpers import create_topics, produce
+from support.outputs import collect_outputs, first_by_source
+from support.paths import EXAMPLES
+from support.workers import worker_topics
 
 pytestmark = pytest.mark.broker
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces.jsonl"
 MALFORMED = {
     b"not json at all": "invalid_json",
     b'{"@type": "ReasoningTrace"}': "schema",

@@ -24,10 +24,13 @@ from typing import Any
 
 import orjson
 import pytest
-from kafka_helpers import create_topics, produce
-from outputs import Output, collect_outputs
-from traces import make_trace
-from worker_process import WorkerProcess, worker_topics
+
+from worker.dev.process import WorkerProcess
+
+from support.kafka_helpers import create_topics, produce
+from support.outputs import Output, collect_outputs
+from support.traces import make_trace
+from support.workers import worker_topics
 
 pytestmark = pytest.mark.broker
 

@@ -12,13 +12,14 @@ import numpy as np
 import orjson
 import pytest
 from prometheus_client import REGISTRY
-from traces import make_trace
 
 from worker.core.cache import PartitionCaches
 from worker.core.records import RoutedRecord, SourceRecord
 from worker.core.scorer import Scorer, Thresholds
 from worker.core.scoring import load_profiles
 from worker.stream.processor import StreamScorer
+
+from support.traces import make_trace
 
 TOPIC = "raw"
 

@@ -14,21 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from worker.dev.process import free_loopback_port
+
 T = TypeVar("T")
 LOOPBACK = "127.0.0.1"
 CHUNK = 65_536
-
-
-def free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 class TcpProxy:

@@ -10,7 +10,6 @@ import numpy as np
 import orjson
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from traces import CONTEXT_DEV, CONTEXT_ORG, code_review_example, finance_example
 
 from worker.core.cache import PartitionCaches, VectorCache
 from worker.core.errors import TraceError
@@ -25,6 +24,8 @@ from worker.core.scoring import (
     score_trace,
 )
 from worker.core.trace import Trace, parse_trace, validate_trace
+
+from support.traces import CONTEXT_DEV, CONTEXT_ORG, code_review_example, finance_example
 
 PROPERTY_SETTINGS = settings(
     max_examples=300,

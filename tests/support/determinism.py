@@ -1,20 +1,21 @@
-"""A trace's score is a pure function of its partition's log (SPEC "Stream decisions").
+"""The determinism tests' shared input and references (SPEC "Stream decisions").
 
-One input topic, five ways of scoring it, every per-record score compared for exact float
-equality: (a) one continuous worker, (b) a worker SIGKILLed and restarted twice mid-stream,
-(c) a second worker joining and leaving mid-stream, (d) `kp-scorer replay`, and (e) the
-offline scorer run per partition. A small cache capacity and an event-time TTL make both
-eviction and expiry matter, so a rebuilt cache that differed from the live one would show.
+One input topic of 2000 seeded traces (150 exact repeats) over three partitions; a small cache
+capacity and an event-time TTL make both eviction and expiry matter, so a rebuilt cache that
+differed from the live one would show. ``offline`` is the offline scorer run per partition,
+the reference every way of scoring the topic must equal exactly. The fixtures are module
+scoped, so each test file using them (one per xdist worker) builds its own copy of the topic
+on its session broker: the seeded traces are the same everywhere.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import hashlib
 import io
 import os
 import random
-import subprocess
-import sys
 import time
 import uuid
 from collections import defaultdict
@@ -23,15 +24,14 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from kafka_helpers import create_topics, produce
-from outputs import Output, collect_outputs
-from worker_process import WorkerProcess
 
 from worker.cli.score import LineRecords, score_lines
 from worker.core.scorer import build_scorer
+from worker.dev.process import WorkerProcess
 from worker.settings import load_settings
 
-pytestmark = pytest.mark.broker
+from support.kafka_helpers import create_topics, produce
+from support.outputs import Output, collect_outputs
 
 TRACES = 2000
 PARTITIONS = 3
@@ -173,9 +173,10 @@ def scenario(kafka_bootstrap: str):
     return input_topic, by_partition, expected
 
 
-@pytest.fixture(scope="module")
-def offline(scenario):
-    _, by_partition, _ = scenario
+def offline_scores(
+    by_partition: dict[int, list[tuple[int, bytes]]],
+) -> dict[tuple[int, int], float]:
+    """The offline scorer run per partition: score per (partition, offset)."""
     scorer = build_scorer(
         load_settings(cache_capacity=int(CAPACITY), cache_ttl_seconds=float(TTL_SECONDS))
     )
@@ -191,98 +192,22 @@ def offline(scenario):
 
 
 @pytest.fixture(scope="module")
-def continuous(kafka_bootstrap: str, scenario):
-    input_topic, _, expected = scenario
-    run = Run(kafka_bootstrap, input_topic, "a")
-    worker = run.worker()
-    try:
-        return scores_of(run.collect(expected))
-    finally:
-        worker.stop()
-
-
-def test_continuous_run_equals_offline_scorer(continuous, offline) -> None:
-    assert len(continuous) == TRACES
-    mismatched = [k for k in offline if continuous[k] != offline[k]]
-    novelty_spread = len(set(continuous.values()))
-    print(f"\n{TRACES} traces, {novelty_spread} distinct scores; mismatches: {len(mismatched)}")
-    assert not mismatched, [(k, continuous[k], offline[k]) for k in mismatched[:5]]
-
-
-def test_sigkill_and_restart_twice(kafka_bootstrap: str, scenario, continuous) -> None:
-    input_topic, _, expected = scenario
-    run = Run(kafka_bootstrap, input_topic, "b")
-    worker = run.worker()
-    rebuilt = 0
-    for fraction in (0.3, 0.6):
-        run.wait_published(int(TRACES * fraction))
-        worker.kill()
-        rebuilt += sum(1 for e in worker.events() if e.get("event") == "rebuilt novelty cache")
-        worker = run.worker()
-    try:
-        outputs = run.collect(expected)
-    finally:
-        rebuilt += sum(1 for e in worker.events() if e.get("event") == "rebuilt novelty cache")
-        worker.stop()
-    scores = scores_of(outputs)
-    print(f"\nkilled twice: {len(outputs) - TRACES} duplicates, {rebuilt} cache rebuilds")
-    assert rebuilt >= PARTITIONS, "restarted workers must rebuild the caches they take over"
-    assert scores == continuous
-
-
-def test_second_worker_joins_and_leaves(kafka_bootstrap: str, scenario, continuous) -> None:
-    input_topic, _, expected = scenario
-    run = Run(kafka_bootstrap, input_topic, "c")
-    first = run.worker()
-    second = None
-    try:
-        run.wait_published(int(TRACES * 0.25))
-        second = run.worker()
-        second.wait_ready()
-        run.wait_published(int(TRACES * 0.6))
-        second.stop()
-        outputs = run.collect(expected)
-    finally:
-        first.stop()
-        if second is not None:
-            second.stop()
-    got_partitions = [
-        e.get("partitions") for e in second.events() if e.get("event") == "partitions assigned"
-    ]
-    print(f"\nsecond worker held {got_partitions}; {len(outputs) - TRACES} duplicates")
-    assert any(got_partitions), "the second worker must have owned partitions"
-    assert scores_of(outputs) == continuous
-
-
-def test_replay_reproduces_the_live_scores(kafka_bootstrap: str, scenario, continuous) -> None:
-    input_topic, _, expected = scenario
-    run = Run(kafka_bootstrap, input_topic, "d")
-    env = {
-        **os.environ,
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        **run.env,
-        # compare with the continuous run's outputs
-        "KP_ACCEPTED_TOPIC": f"{input_topic}.a.accepted",
-        "KP_REJECTED_TOPIC": f"{input_topic}.a.rejected",
-        "KP_DEAD_LETTER_TOPIC": f"{input_topic}.a.dead-letter",
-    }
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "worker.cli",
-            "replay",
-            "--topic",
-            input_topic,
-            "--output-prefix",
-            f"{input_topic}.d",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert f"compared with the live outputs: {TRACES} records, 0 flipped" in result.stderr
-    assert scores_of(run.collect(expected)) == continuous
+def offline(scenario, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, int], float]:
+    """``offline_scores`` of the scenario, computed once per test session: every file using it
+    (on any xdist worker, whose temporary folders share a parent) reads the first one's."""
+    _, by_partition, _ = scenario
+    digest = hashlib.sha256()
+    for partition, records in sorted(by_partition.items()):
+        for offset, line in records:
+            digest.update(b"%d:%d:%s\n" % (partition, offset, line))
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    path = shared / f"determinism-offline-{digest.hexdigest()[:16]}.json"
+    with (shared / "determinism-offline.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one computes, the others wait and read
+        if path.exists():
+            rows = orjson.loads(path.read_bytes())
+            return {(partition, offset): score for partition, offset, score in rows}
+        scores = offline_scores(by_partition)
+        path.write_bytes(orjson.dumps([[p, o, s] for (p, o), s in sorted(scores.items())]))
+        return scores

@@ -8,17 +8,6 @@ from typing import Any
 
 import orjson
 import pytest
-from traces import (
-    CODE_REVIEW_EXPECTED_SCORE,
-    FINANCE_EXPECTED_SCORE,
-    as_trace,
-    code_review_example,
-    finance_example,
-    make_trace,
-    score_of,
-    step,
-    steps_of,
-)
 
 from worker.core.scoring import (
     BUILTIN_PROFILES,
@@ -36,6 +25,18 @@ from worker.core.scoring import (
     profiles_from_mapping,
     score_trace,
     tool_diversity,
+)
+
+from support.traces import (
+    CODE_REVIEW_EXPECTED_SCORE,
+    FINANCE_EXPECTED_SCORE,
+    as_trace,
+    code_review_example,
+    finance_example,
+    make_trace,
+    score_of,
+    step,
+    steps_of,
 )
 
 TOL = 1e-9

@@ -1,23 +1,14 @@
-"""Hostile and malformed input: the corpus in ``tests/data/bad/`` against the parser and the worker.
+"""The hostile-input corpus (``support/bad_corpus.py``) through a real worker.
 
-``tests/data/bad/MANIFEST.json`` maps each input to the routing it must get: the
-``kp-error-kind`` it is dead-lettered with, or ``valid`` (a few edge cases that must be scored,
-not dead-lettered). Entries with a ``generate`` recipe have no committed file: their bytes (a
-5 MB string, 10,000 steps, 10,000 levels of nesting) are built here at test time, so the
-committed corpus stays small. A tombstone (a record with no value) cannot be a file: the broker
-test produces one itself.
-
-- pure: every entry through ``parse_trace`` (and ``Scorer.score_batch`` without an embedder)
-  gives its kind and a one-line, bounded reason;
-- broker: the whole corpus, a tombstone and valid traces through one worker: each record in
-  exactly one output topic with the right headers, bytes, key; the worker never restarts;
+- the whole corpus, a tombstone (a record with no value, which cannot be a file: produced
+  here) and valid traces through one worker: each record in exactly one output topic with the
+  right headers, bytes, key; the worker never restarts;
 - slow: the corpus 20 times through one worker; its memory (VmRSS) must not keep growing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 import uuid
@@ -25,202 +16,24 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from kafka_helpers import create_topics
-from worker_process import WorkerProcess, worker_topics
 
-from worker.core import trace as trace_module
-from worker.core.cache import PartitionCaches
-from worker.core.errors import INPUT_ERROR_KINDS, OutputTooLargeError, TraceError
-from worker.core.records import Decision, SourceRecord
-from worker.core.scorer import Scorer, Thresholds
-from worker.core.scoring import load_profiles
-from worker.core.trace import parse_trace
+from worker.dev.process import WorkerProcess
 from worker.settings import Settings
 
-BAD_DIR = Path(__file__).parent / "data" / "bad"
-MANIFEST: dict[str, dict[str, Any]] = {
-    name: entry
-    for name, entry in json.loads((BAD_DIR / "MANIFEST.json").read_text()).items()
-    if not name.startswith("$")
-}
-VALID = "valid"
-# Kinds the pipeline decides after a successful parse (the trace itself is valid).
-PIPELINE_KINDS = (OutputTooLargeError.kind,)
+from support.bad_corpus import MANIFEST, VALID, corpus_bytes
+from support.kafka_helpers import create_topics
+from support.paths import EXAMPLES
+from support.workers import worker_topics
+
 MAX_OUTPUT_BYTES = Settings.model_fields["max_output_bytes"].default
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces.jsonl"
-MAX_REASON_CHARS = 300
-COMMITTED_LIMIT_BYTES = 1_000_000
 # Names to leave out of the broker runs while a known worker bug is being fixed
 # (comma-separated); the pure tests always run the whole corpus. KP_TEST_RSS_ROUNDS
 # changes the number of rounds of the memory test (default 20).
 EXCLUDED = {n for n in os.environ.get("KP_TEST_BAD_EXCLUDE", "").split(",") if n}
-
-# The base document of the generated entries (the same shape as the committed files').
-BASE: dict[str, Any] = {
-    "@context": "https://openknowledgepulse.org/schema/v1",
-    "@type": "ReasoningTrace",
-    "id": "kp:trace:bad-generated",
-    "metadata": {
-        "created_at": "2025-01-15T12:00:00Z",
-        "task_domain": "code",
-        "success": True,
-        "quality_score": 0,
-        "visibility": "network",
-        "privacy_level": "aggregated",
-    },
-    "task": {"objective": "Find the failing test"},
-    "steps": [
-        {"step_id": 0, "type": "thought", "content": "Read the CI log"},
-        {"step_id": 1, "type": "tool_call", "tool": {"name": "shell"}, "input": {"cmd": "x"}},
-    ],
-    "outcome": {"result_summary": "found it", "confidence": 0.8},
-}
-
-
-def _base(name: str) -> dict[str, Any]:
-    document = json.loads(json.dumps(BASE))
-    document["id"] = f"kp:trace:bad-{name.removesuffix('.json')}"
-    return document
-
-
-def _generate(name: str, recipe: dict[str, Any]) -> bytes:
-    kind = recipe["recipe"]
-    document = _base(name)
-    if kind == "long_content":
-        document["steps"][0]["content"] = "a" * recipe["content_bytes"]
-        return orjson.dumps(document)
-    if kind == "pad_to":
-        # An unknown field (passed through, never embedded) grown to the exact total size.
-        document["x_pad"] = ""
-        missing = recipe["total_bytes"] - len(orjson.dumps(document))
-        document["x_pad"] = "p" * missing
-        raw = orjson.dumps(document)
-        assert len(raw) == recipe["total_bytes"]
-        return raw
-    if kind == "many_steps":
-        count = recipe["count"]
-        document["steps"] = [{"step_id": i, "type": "thought"} for i in range(count)]
-        if recipe["last_step"] == "bad_type":
-            document["steps"][-1]["type"] = "bogus"
-        return orjson.dumps(document)
-    if kind == "number_expansion":
-        # Short number literals (1e9) that are written back much longer (1000000000.0).
-        raw = orjson.dumps(document)
-        count = (recipe["total_bytes"] - len(raw) - 12) // 4
-        return raw[:-1] + b',"x_numbers":[' + b",".join([b"1e9"] * count) + b"]}"
-    if kind == "input_total_depth":
-        # The document is level 1, steps 2, a step 3, its input 4: n dicts reach level 3 + n.
-        limit = getattr(trace_module, "MAX_DEPTH", 128) + recipe["over_limit"]
-        nested: Any = 1
-        for _ in range(limit - 3):
-            nested = {"a": nested}
-        document["steps"][1]["input"] = nested
-        return orjson.dumps(document)
-    if kind == "deep_input":
-        depth = recipe["depth"]
-        raw = orjson.dumps(document)
-        deep = b'{"a":' * depth + b"1" + b"}" * depth
-        return raw.replace(b'"input":{"cmd":"x"}', b'"input":' + deep)
-    if kind == "deep_array_root":
-        return b"[" * recipe["depth"] + b"]" * recipe["depth"]
-    raise AssertionError(f"{name}: unknown recipe {kind!r}")
-
-
-@cache
-def corpus_bytes(name: str) -> bytes:
-    entry = MANIFEST[name]
-    if "generate" in entry:
-        return _generate(name, entry["generate"])
-    return (BAD_DIR / name).read_bytes()
-
-
-def _no_embedder_scorer() -> Scorer:
-    return Scorer(load_profiles(None), Thresholds(), PartitionCaches(1000), embedder=None)
-
-
-# -- the corpus itself ---------------------------------------------------------------------
-
-
-def test_corpus_is_complete_small_and_described() -> None:
-    files = {p.name for p in BAD_DIR.iterdir() if p.name != "MANIFEST.json"}
-    listed = {name for name, entry in MANIFEST.items() if "generate" not in entry}
-    generated = {name for name, entry in MANIFEST.items() if "generate" in entry}
-    assert files == listed, f"unlisted: {files - listed}, missing: {listed - files}"
-    assert not generated & files
-    committed = sum((BAD_DIR / name).stat().st_size for name in files)
-    assert committed < COMMITTED_LIMIT_BYTES
-    bad = [n for n, e in MANIFEST.items() if e["kind"] != VALID]
-    assert len(bad) >= 60
-    contents = {corpus_bytes(name) for name in MANIFEST}
-    assert len(contents) == len(MANIFEST), "every entry is a distinct input"
-    for name, entry in MANIFEST.items():
-        assert entry["kind"] in (*INPUT_ERROR_KINDS, *PIPELINE_KINDS, VALID), name
-        assert entry["description"].strip(), name
-    kinds = Counter(entry["kind"] for entry in MANIFEST.values())
-    print(
-        f"\ncorpus: {len(MANIFEST)} entries ({len(bad)} malformed), {len(files)} files, "
-        f"{committed:,} bytes committed, {len(generated)} generated; "
-        f"kinds: {dict(sorted(kinds.items()))}"
-    )
-    missing = set(INPUT_ERROR_KINDS) - set(kinds)
-    assert not missing, f"kinds never exercised: {missing}"
-
-
-# -- (a) pure: parser and scorer -------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", sorted(MANIFEST))
-def test_parse_gives_manifest_kind_and_readable_reason(name: str) -> None:
-    entry = MANIFEST[name]
-    raw = corpus_bytes(name)
-    started = time.perf_counter()
-    if entry["kind"] in (VALID, *PIPELINE_KINDS):
-        parsed = parse_trace(raw)
-        assert parsed.id.startswith("kp:trace:")
-        return
-    with pytest.raises(TraceError) as caught:
-        parse_trace(raw)
-    seconds = time.perf_counter() - started
-    error = caught.value
-    assert error.kind == entry["kind"], f"{name}: {entry['description']}: {error.reason}"
-    reason = error.reason
-    assert reason.strip(), "a reason a producer can act on"
-    assert "\n" not in reason and "\r" not in reason, "one line"
-    assert len(reason) <= MAX_REASON_CHARS, f"{len(reason)} chars: {reason[:120]}..."
-    assert "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" not in reason
-    if "reason_contains" in entry:
-        assert entry["reason_contains"] in reason, reason
-    if len(raw) > 100_000:
-        print(f"\n{name}: {len(raw):,} bytes -> {error.kind} in {seconds * 1000:.1f} ms")
-
-
-def test_scorer_routes_every_entry_as_the_manifest_says() -> None:
-    """The same corpus through the whole pure pipeline (decode, score, route), no Kafka."""
-    scorer = _no_embedder_scorer()
-    names = sorted(MANIFEST)
-    records = [
-        SourceRecord("bad", 0, offset, 1_700_000_000_000, name.encode(), corpus_bytes(name))
-        for offset, name in enumerate(names)
-    ]
-    started = time.perf_counter()
-    result = scorer.score_batch(records)
-    seconds = time.perf_counter() - started
-    assert len(result.routed) == len(records)
-    for name, routed in zip(names, result.routed, strict=True):
-        expected = MANIFEST[name]["kind"]
-        if expected == VALID:
-            assert routed.decision in (Decision.ACCEPTED, Decision.REJECTED), name
-            assert routed.breakdown is not None and 0.0 <= routed.breakdown.score <= 1.0
-        else:
-            assert routed.decision is Decision.DEAD_LETTER, name
-            assert routed.error is not None and routed.error.kind == expected, name
-            assert routed.value == corpus_bytes(name), "original bytes untouched"
-    print(f"\n{len(records)} corpus entries scored and routed in {seconds:.2f} s (no embedder)")
 
 
 # -- broker helpers ----------------------------------------------------------------------------
