@@ -1,4 +1,4 @@
-"""kp-scorer command line: worker, demo, score (offline JSONL), replay, settings."""
+"""kp-scorer command line: worker, demo, score (offline JSONL), replay, rescore, settings."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 from rich.console import Console
 from rich.progress import (
@@ -23,6 +24,9 @@ from rich.progress import (
 from worker import __version__
 from worker.logs import configure_logging
 from worker.settings import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from worker.core.rescoring import Rescorer, RescoreSummary
 
 err_console = Console(stderr=True)
 
@@ -202,6 +206,180 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _domain_threshold(value: str) -> tuple[str, float]:
+    domain, sep, number = value.rpartition("=")
+    try:
+        threshold = float(number)
+    except ValueError:
+        threshold = float("nan")
+    if not sep or not domain or not 0.0 <= threshold <= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"expected DOMAIN=THRESHOLD with a threshold in [0, 1]: {value!r}"
+        )
+    return domain, threshold
+
+
+_RESCORE_TOPIC_FLAGS = {
+    "--topic": "topic",
+    "--partitions": "partitions",
+    "--from-offset": "from_offset",
+    "--from-time": "from_time",
+    "--to-offset": "to_offset",
+    "--to-time": "to_time",
+    "--output-prefix": "output_prefix",
+}
+
+
+def cmd_rescore(args: argparse.Namespace) -> int:
+    """Re-score recorded outputs with other settings, from their recorded novelty (no model)."""
+    import orjson
+
+    from worker.cli.rescore import print_summary
+    from worker.core.rescoring import Rescorer
+    from worker.core.scoring import load_profiles
+
+    if args.from_topics and args.file is not None:
+        err_console.print("[red]kp-scorer: give a FILE or --from-topics, not both[/red]")
+        return 2
+    used = [flag for flag, name in _RESCORE_TOPIC_FLAGS.items() if getattr(args, name) is not None]
+    if not args.from_topics and used:
+        err_console.print(f"[red]kp-scorer: {', '.join(used)} need --from-topics[/red]")
+        return 2
+    settings = _checked_settings(profiles_file=args.profiles, accept_threshold=args.threshold)
+    configure_logging("WARNING" if settings.log_level == "INFO" else settings.log_level)
+    rescorer = Rescorer(
+        load_profiles(settings.profiles_file),
+        settings.accept_threshold,
+        {**settings.domain_thresholds, **dict(args.domain_threshold or ())},
+    )
+    output = args.output if args.output is not None else (None if args.from_topics else "-")
+    out_stream = None
+    if output == "-":
+        out_stream = sys.stdout.buffer
+    elif output is not None:
+        try:
+            out_stream = Path(output).open("wb")  # noqa: SIM115  (closed below)
+        except OSError as exc:
+            err_console.print(f"[red]kp-scorer: cannot write {output}: {exc}[/red]")
+            return 2
+    quiet = args.quiet or not err_console.is_terminal
+    try:
+        if args.from_topics:
+            found = _rescore_topics(args, settings, rescorer, out_stream, quiet)
+        else:
+            found = _rescore_file(args, rescorer, out_stream, quiet)
+    finally:
+        if out_stream is not None and out_stream is not sys.stdout.buffer:
+            out_stream.close()
+    if found is None:
+        return 2
+    summary, source = found
+    # The summary goes to stdout unless the re-scored records do.
+    summary_console = err_console if output == "-" else Console()
+    if args.json:
+        report = {
+            "source": source,
+            "settings": {
+                "profiles": None if settings.profiles_file is None else str(settings.profiles_file),
+                "threshold": rescorer.threshold,
+                "domain_thresholds": dict(rescorer.domain_thresholds),
+            },
+            **summary.to_json(),
+        }
+        summary_console.file.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+        summary_console.file.write("\n")
+        summary_console.file.flush()
+    else:
+        print_summary(summary_console, summary, source)
+    return 0
+
+
+def _rescore_file(
+    args: argparse.Namespace, rescorer: Rescorer, out: BinaryIO | None, quiet: bool
+) -> tuple[RescoreSummary, str] | None:
+    """File mode: a JSONL of scored outputs (or stdin), the same lines re-scored to ``out``."""
+    from worker.cli.rescore import rescore_stream
+
+    if args.file in (None, "-"):
+        stream, total, source = sys.stdin.buffer, None, "stdin"
+    else:
+        path = Path(args.file)
+        if not path.is_file():
+            err_console.print(f"[red]kp-scorer: no such file: {path}[/red]")
+            return None
+        stream, total, source = path.open("rb"), path.stat().st_size, str(path)
+    progress = Progress(
+        TextColumn("rescoring"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TextColumn("{task.fields[lines]} lines"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        disable=quiet,
+    )
+    with stream, progress:
+        task = progress.add_task("rescore", total=total, lines=0)
+        lines_done = 0
+
+        def advance(lines: int, size: int) -> None:
+            nonlocal lines_done
+            lines_done += lines
+            progress.update(task, advance=size, lines=lines_done)
+
+        summary = rescore_stream(rescorer, stream, out, advance)
+    return summary, source
+
+
+def _rescore_topics(
+    args: argparse.Namespace,
+    settings: Settings,
+    rescorer: Rescorer,
+    out: BinaryIO | None,
+    quiet: bool,
+) -> tuple[RescoreSummary, str] | None:
+    """Topic mode: ranges of the accepted/rejected topics, read without a group."""
+    from worker.cli.rescore import RescoreRange, run_rescore_topics
+
+    topics = args.topic or [settings.accepted_topic, settings.rejected_topic]
+    scope = RescoreRange(
+        topics=topics,
+        partitions=args.partitions,
+        from_offset=args.from_offset,
+        from_time=args.from_time,
+        to_offset=args.to_offset,
+        to_time=args.to_time,
+    )
+    progress = Progress(
+        TextColumn("rescoring"),
+        BarColumn(),
+        TextColumn("{task.completed} records"),
+        TextColumn("{task.fields[rate]:.0f}/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        disable=quiet,
+    )
+    started = time.monotonic()
+    with progress:
+        task = progress.add_task("rescore", total=None, rate=0.0)
+
+        def advance(count: int, total: int | None) -> None:
+            done = progress.tasks[0].completed + count
+            rate = done / max(time.monotonic() - started, 1e-9)
+            progress.update(task, completed=done, total=total, rate=rate)
+
+        try:
+            summary = run_rescore_topics(
+                settings, rescorer, scope, args.output_prefix, out, advance
+            )
+        except ValueError as exc:
+            err_console.print(f"[red]kp-scorer: {exc}[/red]")
+            return None
+    return summary, ", ".join(topics)
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     settings = _checked_settings()  # a broken profiles file is a broken configuration too
     for name, value in settings.masked().items():
@@ -257,6 +435,57 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--profiles", type=Path, help="weight profiles JSON file")
     replay.add_argument("--threshold", type=float, help="accept threshold")
     replay.set_defaults(func=cmd_replay)
+
+    rescore = commands.add_parser(
+        "rescore",
+        help="re-score recorded outputs with other profiles/thresholds (recorded novelty, "
+        "no model)",
+    )
+    rescore.add_argument(
+        "file", nargs="?", help="JSONL of scored outputs (as `score` writes), or - for stdin"
+    )
+    rescore.add_argument(
+        "--from-topics",
+        action="store_true",
+        help="read the accepted and rejected topics instead of a file",
+    )
+    rescore.add_argument(
+        "--topic",
+        action="append",
+        help="with --from-topics: a topic of scored outputs to read (repeatable; default: "
+        "KP_ACCEPTED_TOPIC and KP_REJECTED_TOPIC)",
+    )
+    # The range is of the topics read (offsets and partitions of each; times are when the
+    # outputs were published, i.e. scored), as `replay`'s is of the topic it reads.
+    start = rescore.add_mutually_exclusive_group()
+    start.add_argument("--from-offset", type=int, help="first offset (default: the beginning)")
+    start.add_argument("--from-time", type=_iso, help="first output at or after this ISO time")
+    end = rescore.add_mutually_exclusive_group()
+    end.add_argument("--to-offset", type=int, help="stop before this offset")
+    end.add_argument("--to-time", type=_iso, help="stop at the first output at or after this")
+    rescore.add_argument(
+        "--partitions", type=_partition_list, help="of the topics read, e.g. 0,2 (default: all)"
+    )
+    rescore.add_argument(
+        "--output-prefix", help="with --from-topics: publish to PREFIX.accepted/.rejected"
+    )
+    rescore.add_argument(
+        "--output",
+        metavar="PATH",
+        help="write the re-scored JSONL here (- for stdout; the default for a FILE)",
+    )
+    rescore.add_argument("--profiles", type=Path, help="weight profiles JSON file")
+    rescore.add_argument("--threshold", type=float, help="accept threshold")
+    rescore.add_argument(
+        "--domain-threshold",
+        type=_domain_threshold,
+        action="append",
+        metavar="DOMAIN=T",
+        help="accept threshold for one task_domain (repeatable; adds to KP_DOMAIN_THRESHOLDS)",
+    )
+    rescore.add_argument("--json", action="store_true", help="summary as JSON, not tables")
+    rescore.add_argument("--quiet", action="store_true", help="no progress bar")
+    rescore.set_defaults(func=cmd_rescore)
 
     show = commands.add_parser("settings", help="print the effective settings (secrets masked)")
     show.set_defaults(func=cmd_settings)

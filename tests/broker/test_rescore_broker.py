@@ -1,0 +1,150 @@
+"""`kp-scorer rescore --from-topics` on a live worker's real outputs (embedded broker)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from worker import __version__
+from worker.dev.process import WorkerProcess
+
+from support.kafka_helpers import ConsumedRecord, consume_all, create_topics, produce
+from support.outputs import collect_outputs
+from support.paths import EXAMPLES
+from support.workers import worker_topics
+
+pytestmark = pytest.mark.broker
+
+TRACES = 40
+MALFORMED = [b"not json", b'{"@type": "ReasoningTrace"}']
+
+
+def rescore(bootstrap: str, env: dict[str, str], *args: str) -> dict[str, Any]:
+    """Run `kp-scorer rescore --from-topics ... --json` as a process; its JSON summary."""
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "rescore", "--from-topics", "--json", *args],
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, **env},
+        capture_output=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return orjson.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def live(kafka_bootstrap: str) -> tuple[dict[str, str], dict[str, list[ConsumedRecord]]]:
+    """A worker's accepted and rejected outputs for 40 traces (repeats included) on 2
+    partitions, read back as records: the recorded outputs to re-score."""
+    env, outputs = worker_topics(f"rescore-{uuid.uuid4().hex[:8]}", partitions=2)
+    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=2)
+    examples = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
+    lines = [examples[i % 30] for i in range(TRACES)] + MALFORMED
+    produced = produce(
+        kafka_bootstrap,
+        env["KP_INPUT_TOPIC"],
+        [(f"k{i}".encode(), line, i % 2, [("origin", b"test")]) for i, line in enumerate(lines)],
+    )
+    with WorkerProcess(kafka_bootstrap, **env):
+        found = collect_outputs(
+            kafka_bootstrap, outputs, {(p.partition, p.offset) for p in produced}, timeout=120
+        )
+    counts = {d: sum(1 for o in found if o.decision == d) for d in outputs.values()}
+    assert counts["dead_letter"] == len(MALFORMED)
+    assert counts["accepted"] + counts["rejected"] == TRACES
+    records = {
+        decision: consume_all(
+            kafka_bootstrap, env[f"KP_{decision.upper()}_TOPIC"], counts[decision]
+        )
+        for decision in ("accepted", "rejected")
+    }
+    return env, records
+
+
+def by_source(records: list[ConsumedRecord]) -> dict[tuple[int, int], ConsumedRecord]:
+    out = {}
+    for record in records:
+        source = orjson.loads(record.value or b"")["source"]
+        out[(source["partition"], source["offset"])] = record
+    return out
+
+
+def test_unchanged_settings_reproduce_every_live_output(kafka_bootstrap: str, live) -> None:
+    env, recorded = live
+    novelty = {
+        orjson.loads(r.value or b"")["score"]["novelty_source"]
+        for records in recorded.values()
+        for r in records
+    }
+    assert novelty == {"embedding", "empty_cache"}
+    prefix = f"{env['KP_INPUT_TOPIC']}.what-if"
+    summary = rescore(kafka_bootstrap, env, "--output-prefix", prefix)
+    assert summary["records"] == summary["rescored"] == TRACES
+    assert summary["unrescorable"] == {}
+    assert summary["score_delta"]["identical"] == TRACES
+    assert summary["flips"] == {"accepted_to_rejected": 0, "rejected_to_accepted": 0}
+
+    for decision, records in recorded.items():
+        republished = by_source(consume_all(kafka_bootstrap, f"{prefix}.{decision}", len(records)))
+        assert len(republished) == len(records)
+        for where, live_record in by_source(records).items():
+            again = republished[where]
+            document = orjson.loads(again.value or b"")
+            assert document["scorer"].pop("rescore_of") == __version__
+            assert orjson.dumps(document) == live_record.value, f"{where} differs"
+            assert again.key == live_record.key
+            for header in ("origin", "kp-decision", "kp-score", "kp-scorer-version"):
+                assert again.header(header) == live_record.header(header), header
+            assert again.header("kp-rescore-of") == __version__.encode()
+
+
+def test_new_threshold_over_a_range_counts_the_flips(
+    kafka_bootstrap: str, live, tmp_path: Path
+) -> None:
+    env, recorded = live
+    in_range = [
+        (decision, r)
+        for decision, records in recorded.items()
+        for r in records
+        if r.partition == 0 and r.offset >= 1
+    ]
+    assert in_range
+    output = tmp_path / "rescored.jsonl"
+    summary = rescore(
+        kafka_bootstrap,
+        env,
+        "--threshold",
+        "0.5",
+        "--partitions",
+        "0",
+        "--from-offset",
+        "1",
+        "--output",
+        str(output),
+    )
+    scores = [(d, orjson.loads(r.value or b"")["score"]["score"]) for d, r in in_range]
+    assert summary["records"] == summary["rescored"] == len(in_range)
+    assert summary["decisions"]["before"]["accepted"] == sum(d == "accepted" for d, _ in scores)
+    assert summary["flips"] == {
+        "accepted_to_rejected": sum(d == "accepted" and s < 0.5 for d, s in scores),
+        "rejected_to_accepted": sum(d == "rejected" and s >= 0.5 for d, s in scores),
+    }
+    written = [orjson.loads(line) for line in output.read_bytes().splitlines()]
+    assert len(written) == len(in_range)
+    assert all(w["score"]["threshold"] == 0.5 for w in written)
+    assert sorted(w["score"]["score"] for w in written) == sorted(s for _, s in scores)
+
+
+def test_time_range_selects_by_when_outputs_were_published(kafka_bootstrap: str, live) -> None:
+    env, recorded = live
+    assert rescore(kafka_bootstrap, env, "--from-time", "2999-01-01T00:00:00")["records"] == 0
+    assert rescore(kafka_bootstrap, env, "--to-time", "2000-01-01T00:00:00")["records"] == 0
+    everything = rescore(kafka_bootstrap, env, "--from-time", "2000-01-01T00:00:00")
+    assert everything["records"] == sum(len(records) for records in recorded.values())

@@ -1,0 +1,302 @@
+"""`kp-scorer rescore`: what recorded outputs would score and decide under other settings.
+
+Reads scored outputs (a JSONL file such as `kp-scorer score` writes, or ranges of the
+accepted/rejected topics read by direct assignment: no group, no commits) and re-scores each
+with :class:`worker.core.rescoring.Rescorer`, using the novelty recorded in it. No model is
+loaded, so this runs at the speed of JSON decoding rather than of embedding (`replay`).
+
+File mode writes one line per input line, in order: the re-scored output; a `score` error
+line unchanged (the trace was never scored, and scoring it again writes that same line); or
+``{"line": N, "unrescorable": {"reason", "detail", "scorer_version"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import IO, TYPE_CHECKING, Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from worker.core.records import Decision
+from worker.core.rescoring import (
+    NotRescored,
+    Rescored,
+    Rescorer,
+    RescoreSummary,
+    Unrescorable,
+    is_error_line,
+    rescored_record,
+)
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+BLOCK_BYTES = 1 << 20  # input read (and output written) at a time: whole lines, ~1 MiB
+
+
+def _unrescorable_line(where: dict[str, Any], result: NotRescored) -> bytes:
+    return orjson.dumps({**where, "unrescorable": result.to_json()})
+
+
+def rescore_block(
+    rescorer: Rescorer, block: bytes, first_line: int, summary: RescoreSummary
+) -> bytes:
+    """Re-score the lines of ``block`` (numbered from ``first_line``) into output lines."""
+    parts: list[bytes] = []
+    rescore = rescorer.rescore
+    lines = block.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    for index, raw in enumerate(lines, start=first_line):
+        line = raw[:-1] if raw.endswith(b"\r") else raw
+        try:
+            document = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            result: Rescored | NotRescored = NotRescored(
+                Unrescorable.NOT_AN_OUTPUT, f"not JSON: {str(exc)[:120]}"
+            )
+        else:
+            if type(document) is dict and "error" in document and is_error_line(document):
+                summary.records += 1
+                summary.dead_letters += 1
+                parts.append(line)
+                continue
+            result = rescore(document)
+        if isinstance(result, Rescored):
+            summary.add(result)
+            parts.append(result.value)
+        else:
+            summary.add(result, f"line {index}")
+            parts.append(_unrescorable_line({"line": index}, result))
+    parts.append(b"")
+    return b"\n".join(parts)
+
+
+def _blocks(stream: IO[bytes], size: int) -> Iterator[bytes]:
+    """The stream in pieces of about ``size`` bytes, each ending at a line end (or EOF)."""
+    rest = b""
+    while chunk := stream.read(size):
+        chunk = rest + chunk if rest else chunk
+        cut = chunk.rfind(b"\n") + 1
+        if cut == 0:
+            rest = chunk
+            continue
+        yield chunk[:cut]
+        rest = chunk[cut:]
+    if rest:
+        yield rest
+
+
+def rescore_stream(
+    rescorer: Rescorer,
+    stream: IO[bytes],
+    out: IO[bytes] | None,
+    on_progress: Callable[[int, int], None] | None = None,
+    block_bytes: int = BLOCK_BYTES,
+) -> RescoreSummary:
+    """Re-score every line of ``stream``; write one line per input line, in order, to ``out``.
+
+    Works a block of lines at a time (one read, one write each): per line there is only the
+    JSON and the arithmetic.
+    """
+    summary = RescoreSummary()
+    line = 1
+    for block in _blocks(stream, block_bytes):
+        before = summary.records
+        output = rescore_block(rescorer, block, line, summary)
+        if out is not None:
+            out.write(output)
+        line += summary.records - before
+        if on_progress is not None:
+            on_progress(summary.records - before, len(block))
+    if out is not None:
+        out.flush()
+    return summary
+
+
+@dataclass(frozen=True)
+class RescoreRange:
+    """Which recorded outputs to read: topics, partitions and an offset or time range each."""
+
+    topics: Sequence[str]
+    partitions: Sequence[int] | None = None
+    from_offset: int | None = None
+    from_time: datetime | None = None
+    to_offset: int | None = None  # exclusive
+    to_time: datetime | None = None  # exclusive
+
+
+def _ms(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp() * 1000)
+
+
+async def rescore_topics(
+    settings: Settings,
+    rescorer: Rescorer,
+    scope: RescoreRange,
+    output_prefix: str | None = None,
+    out: IO[bytes] | None = None,
+    on_progress: Callable[[int, int | None], None] | None = None,
+) -> RescoreSummary:
+    """Re-score ranges of the output topics; optionally publish to ``PREFIX.*`` and/or write
+    JSONL. Unrescorable records are counted and written to ``out``, never published."""
+    from worker.core.output import output_topics, prefixed_topics
+    from worker.io.kafka import PartitionLogReader, Publisher, create_topics
+
+    reader = PartitionLogReader(settings)
+    publisher: Publisher | None = None
+    summary = RescoreSummary()
+    await reader.start()
+    try:
+        plan: list[tuple[str, int, int, int | None]] = []
+        from_ms = _ms(scope.from_time)
+        widest = 1
+        for topic in scope.topics:
+            available = await reader.partitions(topic)
+            if not available:
+                raise ValueError(f"topic {topic!r} does not exist or has no partitions")
+            missing = sorted(set(scope.partitions or ()) - set(available))
+            if missing:
+                raise ValueError(f"topic {topic!r} has no partitions {missing}")
+            widest = max(widest, len(available))
+            for partition in scope.partitions or available:
+                start = await reader.first_offset(topic, partition)
+                if scope.from_offset is not None:
+                    start = max(start, scope.from_offset)
+                elif from_ms is not None:
+                    found = await reader.offset_for_time(topic, partition, from_ms)
+                    if found is None:
+                        continue  # nothing at or after the start time
+                    start = max(start, found)
+                plan.append((topic, partition, start, scope.to_offset))
+        if output_prefix is not None:
+            topics = prefixed_topics(output_prefix)
+            live = {*output_topics(settings).values(), settings.input_topic, *scope.topics}
+            if live & set(topics.values()):
+                raise ValueError(
+                    f"--output-prefix {output_prefix!r} would write into a topic being read or "
+                    "a live topic"
+                )
+            await create_topics(settings, list(topics.values()), widest)
+            publisher = Publisher(settings, topics)
+            await publisher.start()
+        total = None
+        if scope.to_offset is not None:
+            total = sum(max(0, scope.to_offset - start) for _, _, start, _ in plan)
+        if on_progress is not None:
+            on_progress(0, total)
+        for topic, partition, start, end in plan:
+            async for chunk in reader.iter_range(topic, partition, start, end, _ms(scope.to_time)):
+                routed = []
+                lines = []
+                for record in chunk:
+                    if from_ms is not None and record.timestamp_ms < from_ms:
+                        continue  # before the range: a broker may seek by time only roughly
+                    result = rescorer.rescore_value(record.value)
+                    summary.add(result, f"{topic}[{partition}]@{record.offset}")
+                    if isinstance(result, Rescored):
+                        routed.append(rescored_record(record, result))
+                        lines.append(result.value)
+                    else:
+                        at = {"topic": topic, "partition": partition, "offset": record.offset}
+                        lines.append(_unrescorable_line({"record": at}, result))
+                if publisher is not None and routed:
+                    await publisher.publish(routed)
+                if out is not None:
+                    out.write(b"\n".join(lines) + b"\n")
+                if on_progress is not None:
+                    on_progress(len(chunk), total)
+        if out is not None:
+            out.flush()
+    finally:
+        if publisher is not None:
+            await publisher.stop()
+        await reader.stop()
+    return summary
+
+
+def run_rescore_topics(
+    settings: Settings,
+    rescorer: Rescorer,
+    scope: RescoreRange,
+    output_prefix: str | None,
+    out: IO[bytes] | None,
+    on_progress: Callable[[int, int | None], None] | None,
+) -> RescoreSummary:
+    return asyncio.run(rescore_topics(settings, rescorer, scope, output_prefix, out, on_progress))
+
+
+# --- summary --------------------------------------------------------------------------------
+
+MAX_DOMAIN_ROWS = 25
+
+
+def print_summary(console: Console, summary: RescoreSummary, source: str) -> None:
+    """The human summary: counts, decisions before/after, flips per domain, score changes."""
+    unrescorable = sum(summary.unrescorable.values())
+    console.print(
+        f"rescored {summary.rescored} of {summary.records} records from {source}: "
+        f"{summary.accepted_to_rejected} flipped accepted -> rejected, "
+        f"{summary.rejected_to_accepted} flipped rejected -> accepted"
+        + (f"; {summary.dead_letters} dead letters passed through" if summary.dead_letters else "")
+    )
+    decisions = Table(title="decisions")
+    for column in ("", "before", "after", "change"):
+        decisions.add_column(column, justify="right" if column else "left")
+    for decision in (Decision.ACCEPTED, Decision.REJECTED):
+        before, after = summary.before[decision.value], summary.after[decision.value]
+        decisions.add_row(decision.value, str(before), str(after), f"{after - before:+d}")
+    console.print(decisions)
+
+    if summary.domains:
+        domains = Table(title="by domain (task_domain)")
+        domains.add_column("domain", no_wrap=True)
+        for column in ("records", "acc. before", "acc. after", "acc -> rej", "rej -> acc"):
+            domains.add_column(column, justify="right")
+        ranked = sorted(
+            summary.domains.items(),
+            key=lambda item: (
+                -(item[1].accepted_to_rejected + item[1].rejected_to_accepted),
+                -item[1].records,
+                item[0],
+            ),
+        )
+        for name, tally in ranked[:MAX_DOMAIN_ROWS]:
+            domains.add_row(
+                name,
+                str(tally.records),
+                str(tally.accepted_before),
+                str(tally.accepted_after),
+                str(tally.accepted_to_rejected),
+                str(tally.rejected_to_accepted),
+            )
+        if len(ranked) > MAX_DOMAIN_ROWS:
+            domains.caption = f"{len(ranked) - MAX_DOMAIN_ROWS} more domains in --json"
+        console.print(domains)
+
+        deltas = Table(title="score change (rescore - recorded)")
+        deltas.add_column("delta")
+        deltas.add_column("records", justify="right")
+        deltas.add_column("")
+        rows = summary.delta_histogram()
+        peak = max(count for *_, count in rows) or 1
+        for label, _, _, count in rows:
+            deltas.add_row(label, str(count), "█" * round(30 * count / peak))
+        deltas.caption = f"{summary.identical} of {summary.rescored} scores identical"
+        console.print(deltas)
+
+    if unrescorable:
+        table = Table(title=f"not rescored: {unrescorable} records")
+        table.add_column("reason")
+        table.add_column("records", justify="right")
+        table.add_column("first example")
+        for reason, count in sorted(summary.unrescorable.items()):
+            example = next((e for e in summary.examples if e["reason"] == reason), None)
+            text = f"{example['at']}: {example['detail']}" if example else ""
+            table.add_row(reason, str(count), text)
+        console.print(table)

@@ -1,0 +1,370 @@
+"""What-if re-scoring of recorded outputs: new profiles and thresholds, the recorded novelty.
+
+Every accepted or rejected output carries its trace and the novelty measured when it was
+scored, and profiles, thresholds and overrides never change novelty. So ``score_trace`` over
+the recorded trace with the recorded novelty gives exactly what scoring the trace from
+scratch with the new settings gives, without a model or a cache: arithmetic only.
+
+A record that cannot be re-scored that way (not a scored output, an envelope missing what is
+needed, novelty that was a stand-in for a missing model, a trace this version scores
+differently) is answered with the reason, never with a guess. Pure; no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from itertools import pairwise
+from typing import Any
+
+import orjson
+
+from worker import __version__
+from worker.core.errors import TraceError
+from worker.core.output import HEADER_PREFIX
+from worker.core.records import Decision, RoutedRecord, SourceRecord
+from worker.core.schema import check_trace_document
+from worker.core.scoring import Novelty, NoveltySource, ProfileSet, ScoreBreakdown, score_trace
+from worker.core.trace import Trace
+
+# The same bins as `kp-scorer replay`, so the two summaries read alike.
+DELTA_BINS = (-1.0, -0.2, -0.1, -0.05, -0.01, -1e-12, 1e-12, 0.01, 0.05, 0.1, 0.2, 1.0)
+MAX_EXAMPLES = 20
+_DIMENSIONS = ("complexity", "novelty", "tool_diversity", "outcome")
+_DECISIONS = {d.value: d for d in (Decision.ACCEPTED, Decision.REJECTED)}
+_NOVELTY_SOURCES = {s.value: s for s in NoveltySource}
+_NUMBERS = (float, int)  # as orjson decodes JSON numbers (bool is neither)
+# Headers the worker sets on a scored output; a re-scored record gets its own values.
+_SCORE_HEADERS = frozenset(
+    f"{HEADER_PREFIX}{name}" for name in ("decision", "score", "scorer-version", "rescore-of")
+)
+
+
+class Unrescorable(StrEnum):
+    """Why a recorded output was not re-scored."""
+
+    NOT_AN_OUTPUT = "not_an_output"  # not JSON, or not a scored-trace envelope at all
+    INCOMPLETE = "incomplete"  # the envelope lacks a field re-scoring needs (older scorer)
+    NO_EMBEDDER = "no_embedder"  # novelty was the 0.5 stand-in of a scorer without a model
+    INVALID_TRACE = "invalid_trace"  # the recorded trace is not one this version would score
+    DIMENSIONS_DIFFER = "dimensions_differ"  # this version derives other dimensions from it
+
+
+@dataclass(frozen=True, slots=True)
+class NotRescored:
+    reason: Unrescorable
+    detail: str
+    scorer_version: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason.value,
+            "detail": self.detail,
+            "scorer_version": self.scorer_version,
+        }
+
+
+@dataclass(slots=True)  # not frozen: built once per record, and frozen __init__ costs
+class Rescored:
+    """A re-scored output (``value``, the worker's envelope) and what it was before."""
+
+    value: bytes
+    breakdown: ScoreBreakdown
+    threshold: float
+    decision: Decision
+    before_score: float
+    before_decision: Decision
+    domain: str
+    rescore_of: str
+
+
+def is_error_line(document: Any) -> bool:
+    """A line `kp-scorer score` writes for a record it could not score (never scored)."""
+    return isinstance(document, dict) and set(document) == {"line", "error"}
+
+
+class _Missing(Exception):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+@dataclass(frozen=True)
+class Rescorer:
+    """The settings under test: weight profiles and the accept thresholds."""
+
+    profiles: ProfileSet
+    threshold: float = 0.75
+    domain_thresholds: Mapping[str, float] = field(default_factory=dict)
+
+    def threshold_for(self, domain: str) -> float:
+        return self.domain_thresholds.get(domain, self.threshold)
+
+    def rescore_value(self, raw: bytes | None) -> Rescored | NotRescored:
+        """Re-score one recorded output as published (bytes)."""
+        try:
+            document = orjson.loads(raw or b"")
+        except orjson.JSONDecodeError as exc:
+            return NotRescored(Unrescorable.NOT_AN_OUTPUT, f"not JSON: {str(exc)[:120]}")
+        return self.rescore(document)
+
+    def rescore(self, recorded: Any) -> Rescored | NotRescored:
+        """Re-score one decoded recorded output (not modified)."""
+        if type(recorded) is not dict or type(recorded.get("trace")) is not dict:
+            return NotRescored(Unrescorable.NOT_AN_OUTPUT, "not a scored-trace envelope")
+        scorer = recorded.get("scorer")
+        version = scorer.get("version") if type(scorer) is dict else None
+        version = version if type(version) is str else None
+        try:
+            return self._rescore(recorded, version)
+        except _Missing as missing:
+            return NotRescored(
+                Unrescorable.INCOMPLETE,
+                f"the recorded output lacks {missing.path} (or it is malformed)",
+                version,
+            )
+
+    def _rescore(self, recorded: dict[str, Any], version: str | None) -> Rescored | NotRescored:
+        # Type checks written out: this runs once per record, and JSON numbers are finite.
+        if version is None:
+            raise _Missing("scorer.version")
+        scorer, score, source = recorded["scorer"], recorded.get("score"), recorded.get("source")
+        model = scorer.get("model")
+        if not (model is None and "model" in scorer) and type(model) is not str:
+            raise _Missing("scorer.model")
+        available = scorer.get("embedder_available")
+        if type(available) is not bool:
+            raise _Missing("scorer.embedder_available")
+        origin = scorer.get("rescore_of", version)
+        if type(origin) is not str:
+            raise _Missing("scorer.rescore_of")
+        if type(source) is not dict:
+            raise _Missing("source")
+        if type(score) is not dict:
+            raise _Missing("score")
+        dimensions = score.get("dimensions")
+        if type(dimensions) is not dict:
+            raise _Missing("score.dimensions")
+        recorded_dimensions = (
+            dimensions.get("complexity"),
+            dimensions.get("novelty"),
+            dimensions.get("tool_diversity"),
+            dimensions.get("outcome"),
+        )
+        for name, value in zip(_DIMENSIONS, recorded_dimensions, strict=True):
+            if type(value) not in _NUMBERS:
+                raise _Missing(f"score.dimensions.{name}")
+        novelty_source = _NOVELTY_SOURCES.get(score.get("novelty_source"))  # type: ignore[arg-type]
+        if novelty_source is None:
+            raise _Missing("score.novelty_source")
+        before_score = score.get("score")
+        if type(before_score) not in _NUMBERS:
+            raise _Missing("score.score")
+        before = _DECISIONS.get(score.get("decision"))  # type: ignore[arg-type]
+        if before is None:
+            raise _Missing("score.decision")
+        if novelty_source is NoveltySource.NO_EMBEDDER:
+            return NotRescored(
+                Unrescorable.NO_EMBEDDER,
+                "scored without an embedding model: novelty 0.5 was a stand-in, not a measure",
+                version,
+            )
+        if version != __version__ or origin != __version__:
+            # This version's schema admitted the trace when it scored it (and re-scoring only
+            # sets quality_score), so only a trace another version admitted is checked again:
+            # one this version would dead-letter is not given a score.
+            try:
+                check_trace_document(recorded["trace"])
+            except TraceError as error:
+                return NotRescored(Unrescorable.INVALID_TRACE, error.reason[:300], version)
+        trace = Trace(recorded["trace"])
+        novelty = Novelty(recorded_dimensions[1], novelty_source)
+        try:
+            breakdown = score_trace(trace, novelty, self.profiles)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            # An edited output: its trace is no longer one the scorer could have scored.
+            return NotRescored(
+                Unrescorable.INVALID_TRACE,
+                f"cannot score the recorded trace: {exc!r}"[:300],
+                version,
+            )
+        computed = breakdown.dimensions
+        computed_dimensions = (
+            computed.complexity,
+            computed.novelty,
+            computed.tool_diversity,
+            computed.outcome,
+        )
+        if computed_dimensions != recorded_dimensions:
+            name, was, now = next(
+                row
+                for row in zip(_DIMENSIONS, recorded_dimensions, computed_dimensions, strict=True)
+                if row[1] != row[2]
+            )
+            return NotRescored(
+                Unrescorable.DIMENSIONS_DIFFER,
+                f"recorded {name} {was!r}, this version computes {now!r}",
+                version,
+            )
+        domain = trace.domain
+        threshold = self.threshold_for(domain)
+        decision = Decision.ACCEPTED if breakdown.score >= threshold else Decision.REJECTED
+        document = dict(trace.document)
+        document["metadata"] = {**document["metadata"], "quality_score": breakdown.score}
+        score: dict[str, Any] = breakdown.to_json()
+        score["threshold"] = threshold
+        score["decision"] = decision.value
+        value = orjson.dumps(
+            {
+                "trace": document,
+                "score": score,
+                "scorer": {
+                    "version": __version__,
+                    "model": model,
+                    "embedder_available": available,
+                    "rescore_of": origin,
+                },
+                "source": recorded["source"],
+            }
+        )
+        return Rescored(
+            value=value,
+            breakdown=breakdown,
+            threshold=threshold,
+            decision=decision,
+            before_score=float(before_score),
+            before_decision=before,
+            domain=domain,
+            rescore_of=origin,
+        )
+
+
+def rescored_record(recorded: SourceRecord, rescored: Rescored) -> RoutedRecord:
+    """The record to publish: the recorded output's key and headers, with the new verdict."""
+    headers = (
+        *(h for h in recorded.headers if h[0] not in _SCORE_HEADERS),
+        (f"{HEADER_PREFIX}decision", rescored.decision.value.encode()),
+        (f"{HEADER_PREFIX}score", repr(rescored.breakdown.score).encode()),
+        (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
+        (f"{HEADER_PREFIX}rescore-of", rescored.rescore_of.encode()),
+    )
+    return RoutedRecord(
+        source=recorded,
+        decision=rescored.decision,
+        value=rescored.value,
+        headers=headers,
+        domain_label=rescored.domain,
+        breakdown=rescored.breakdown,
+    )
+
+
+@dataclass
+class DomainTally:
+    records: int = 0
+    accepted_before: int = 0
+    accepted_after: int = 0
+    accepted_to_rejected: int = 0
+    rejected_to_accepted: int = 0
+
+
+def _bin_label(low: float, high: float) -> str:
+    return "unchanged" if low == -1e-12 else f"[{low:+.2f}, {high:+.2f})"
+
+
+@dataclass
+class RescoreSummary:
+    """Before/after of a re-scoring run, accumulated record by record (no per-record list)."""
+
+    records: int = 0
+    dead_letters: int = 0  # `score` error lines passed through: never scored, nothing to redo
+    unrescorable: Counter[str] = field(default_factory=Counter)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    before: Counter[str] = field(default_factory=Counter)
+    after: Counter[str] = field(default_factory=Counter)
+    domains: dict[str, DomainTally] = field(default_factory=dict)
+    histogram: list[int] = field(default_factory=lambda: [0] * (len(DELTA_BINS) - 1))
+    identical: int = 0
+    delta_sum: float = 0.0
+    delta_min: float = math.inf
+    delta_max: float = -math.inf
+
+    @property
+    def rescored(self) -> int:
+        return sum(self.after.values())
+
+    @property
+    def accepted_to_rejected(self) -> int:
+        return sum(t.accepted_to_rejected for t in self.domains.values())
+
+    @property
+    def rejected_to_accepted(self) -> int:
+        return sum(t.rejected_to_accepted for t in self.domains.values())
+
+    def add(self, result: Rescored | NotRescored, where: str = "") -> None:
+        """Count one result; ``where`` locates an unrescorable record in the report."""
+        self.records += 1
+        if isinstance(result, NotRescored):
+            self.unrescorable[result.reason.value] += 1
+            if len(self.examples) < MAX_EXAMPLES:
+                self.examples.append({"at": where, **result.to_json()})
+            return
+        before, after = result.before_decision, result.decision
+        self.before[before] += 1  # Decision keys: equal to, and hashed as, their values
+        self.after[after] += 1
+        tally = self.domains.get(result.domain)
+        if tally is None:
+            tally = self.domains[result.domain] = DomainTally()
+        tally.records += 1
+        tally.accepted_before += before is Decision.ACCEPTED
+        tally.accepted_after += after is Decision.ACCEPTED
+        if before is not after:
+            if before is Decision.ACCEPTED:
+                tally.accepted_to_rejected += 1
+            else:
+                tally.rejected_to_accepted += 1
+        delta = result.breakdown.score - result.before_score
+        self.identical += delta == 0.0
+        self.delta_sum += delta
+        self.delta_min = min(self.delta_min, delta)
+        self.delta_max = max(self.delta_max, delta)
+        index = min(max(bisect_right(DELTA_BINS, delta) - 1, 0), len(self.histogram) - 1)
+        self.histogram[index] += 1
+
+    def delta_histogram(self) -> list[tuple[str, float, float, int]]:
+        """(label, low, high, records) per bin; bins are [low, high), the last one closed."""
+        return [
+            (_bin_label(low, high), low, high, count)
+            for (low, high), count in zip(pairwise(DELTA_BINS), self.histogram, strict=True)
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        rescored = self.rescored
+        return {
+            "records": self.records,
+            "rescored": rescored,
+            "dead_letters": self.dead_letters,
+            "unrescorable": dict(sorted(self.unrescorable.items())),
+            "unrescorable_examples": self.examples,
+            "decisions": {
+                "before": {d: self.before[d] for d in _DECISIONS},
+                "after": {d: self.after[d] for d in _DECISIONS},
+            },
+            "flips": {
+                "accepted_to_rejected": self.accepted_to_rejected,
+                "rejected_to_accepted": self.rejected_to_accepted,
+            },
+            "domains": {name: vars(tally).copy() for name, tally in sorted(self.domains.items())},
+            "score_delta": {
+                "identical": self.identical,
+                "mean": self.delta_sum / rescored if rescored else None,
+                "min": self.delta_min if rescored else None,
+                "max": self.delta_max if rescored else None,
+                "histogram": [
+                    {"bin": label, "low": low, "high": high, "records": count}
+                    for label, low, high, count in self.delta_histogram()
+                ],
+            },
+        }
