@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import logging
 import logging.config
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "_kp_collapsed",
+}
 
 
 class JsonFormatter(logging.Formatter):
@@ -25,22 +32,101 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
-def logging_config(level: str = "INFO") -> dict[str, Any]:
-    """The one logging configuration: JSON lines on stderr (the Faust app is given it too)."""
+# Kafka client loggers whose warnings and errors repeat many times a second during an outage.
+COLLAPSED_LOGGERS = ("aiokafka", "kafka", "faust.transport")
+
+
+class RepeatCollapser(logging.Filter):
+    """Collapses repeated warnings/errors of the Kafka client loggers.
+
+    The first record of each distinct message (logger, level and message template) passes;
+    the same message again within ``interval`` seconds is only counted, and when the interval
+    is over one line says how often it came, ``"<message> (repeated N times in the last S s)"``
+    with the structured field ``repeated``. So each distinct error costs at most one line per
+    interval however often the client logs it. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        interval: float = 10.0,
+        loggers: tuple[str, ...] = COLLAPSED_LOGGERS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.interval = float(interval)
+        self.loggers = tuple(loggers)
+        self.clock = clock
+        self._lock = threading.Lock()
+        # key -> [window start, records counted in it, last such record]
+        self._windows: dict[tuple[str, int, str], list[Any]] = {}
+
+    def _collapsible(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or getattr(record, "_kp_collapsed", False):
+            return False
+        name = record.name
+        return any(name == p or name.startswith(p + ".") for p in self.loggers)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = self.clock()
+        summaries: list[logging.LogRecord] = []
+        passes = True
+        with self._lock:
+            for key, window in list(self._windows.items()):
+                start, count, last = window
+                if now - start < self.interval:
+                    continue
+                if count:
+                    # Still repeating: say how often, and keep counting in a new window.
+                    summaries.append(self._summary(last, count, now - start))
+                    window[:] = [now, 0, last]
+                else:
+                    del self._windows[key]
+            if self._collapsible(record):
+                key = (record.name, record.levelno, str(record.msg)[:300])
+                window = self._windows.get(key)
+                if window is None:
+                    self._windows[key] = [now, 0, record]
+                else:
+                    window[1] += 1
+                    window[2] = record
+                    passes = False
+        for summary in summaries:
+            logging.getLogger(summary.name).handle(summary)
+        return passes
+
+    def _summary(self, last: logging.LogRecord, count: int, span: float) -> logging.LogRecord:
+        fields = dict(last.__dict__)
+        fields.update(
+            msg=f"{last.getMessage()} (repeated {count} times in the last {span:.0f} s)",
+            args=None,
+            exc_info=None,
+            exc_text=None,
+            stack_info=None,
+            repeated=count,
+            _kp_collapsed=True,
+        )
+        return logging.makeLogRecord(fields)
+
+
+def logging_config(level: str = "INFO", repeat_interval: float = 10.0) -> dict[str, Any]:
+    """The one logging configuration: JSON lines on stderr (the Faust app is given it too),
+    with repeated Kafka client errors collapsed (:class:`RepeatCollapser`)."""
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": "worker.logs.JsonFormatter"}},
+        "filters": {"collapse": {"()": "worker.logs.RepeatCollapser", "interval": repeat_interval}},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
                 "formatter": "json",
                 "stream": "ext://sys.stderr",
+                "filters": ["collapse"],
             }
         },
         "root": {"handlers": ["stderr"], "level": level},
     }
 
 
-def configure_logging(level: str = "INFO") -> None:
-    logging.config.dictConfig(logging_config(level))
+def configure_logging(level: str = "INFO", repeat_interval: float = 10.0) -> None:
+    logging.config.dictConfig(logging_config(level, repeat_interval))

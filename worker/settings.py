@@ -64,6 +64,13 @@ class Settings(BaseSettings):
     session_timeout_seconds: PositiveFloat = 10.0
     heartbeat_interval_seconds: PositiveFloat = 1.0
     commit_interval_seconds: PositiveFloat = 1.0
+    # On SIGTERM: stop taking records, publish and commit what can be, and exit by this
+    # deadline whatever the broker does (exit code 70 when it ran out; a second signal exits
+    # at once). Well under a Kubernetes pod's 30 s grace period.
+    shutdown_timeout_seconds: PositiveFloat = 20.0
+    # Repeated Kafka client warnings/errors are collapsed: one line per distinct message per
+    # interval, then one "repeated N times" line.
+    log_repeat_interval_seconds: PositiveFloat = 10.0
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None

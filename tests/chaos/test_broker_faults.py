@@ -12,7 +12,12 @@ Accounting is by unique trace id (a retried produce may duplicate an input recor
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import os
 import re
+import signal
+import subprocess
 import threading
 import time
 import urllib.request
@@ -26,6 +31,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from worker.dev.embedded_broker import EmbeddedBroker
 from worker.dev.process import WorkerProcess, free_loopback_port
+from worker.io.shutdown import EXIT_DEADLINE
 
 from support.kafka_helpers import create_topics
 from support.tcp_proxy import TcpProxy
@@ -331,3 +337,257 @@ def test_unreachable_broker_at_start_is_retried_until_it_appears(new_topic_name)
     assert all(e.get("bootstrap_servers") == f"127.0.0.1:{port}" for e in retries)
     assert delays == sorted(delays) and delays[0] < delays[-1], "backoff grows"
     assert "Traceback" not in text, "a clear error, not a traceback"
+
+
+# -- SIGTERM during an outage -----------------------------------------------------------------
+
+SHUTDOWN_TIMEOUT_SECONDS = 10.0
+
+
+async def _outputs_by_id(bootstrap: str, topics: list[str], wanted: set[str], timeout: float):
+    """trace id -> the distinct (decision, score) pairs of its outputs, and how many outputs."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    outputs: dict[str, list[tuple[str, object]]] = {}
+    try:
+        await consumer._client.force_metadata_update()
+        partitions = [
+            TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()
+        ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not wanted <= set(outputs):
+            for messages in (await consumer.getmany(timeout_ms=300)).values():
+                for m in messages:
+                    value = orjson.loads(m.value)
+                    outputs.setdefault(value["trace"]["id"], []).append(
+                        (m.topic, value["score"]["score"])
+                    )
+    finally:
+        await consumer.stop()
+    return outputs
+
+
+def test_sigterm_during_an_outage_exits_by_the_deadline_without_loss(proxied) -> None:
+    proxy, bootstrap = proxied
+    prefix = f"term-{uuid.uuid4().hex[:8]}"
+    env = {**topics_env(prefix), "KP_SHUTDOWN_TIMEOUT_SECONDS": str(SHUTDOWN_TIMEOUT_SECONDS)}
+    create_topics(bootstrap, [env["KP_INPUT_TOPIC"]], partitions=PARTITIONS)
+    count = 200
+    producer = SteadyProducer(bootstrap, env["KP_INPUT_TOPIC"], count, prefix)
+    with WorkerProcess(bootstrap, **env) as worker:
+        worker.wait_ready(timeout=120)
+        producer.start()
+        time.sleep(4.0)  # records flowing, some in flight when the broker goes away
+        proxy.cut()
+        try:
+            time.sleep(20.0)
+            assert worker.alive()
+            signalled = time.monotonic()
+            worker.signal(signal.SIGTERM)
+            assert worker.process is not None
+            try:
+                code = worker.process.wait(SHUTDOWN_TIMEOUT_SECONDS + 5)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"still running {SHUTDOWN_TIMEOUT_SECONDS + 5} s after SIGTERM")
+            took = time.monotonic() - signalled
+            events = worker.events()
+        finally:
+            proxy.restore()
+    print(f"\nSIGTERM 20 s into an outage: exit code {code} after {took:.1f} s")
+    assert code == EXIT_DEADLINE, worker.tail()
+    assert any(e.get("event", "").startswith("shutdown deadline reached") for e in events)
+    producer.join(timeout=count / RATE_PER_SECOND + 120)
+    assert not producer.is_alive() and producer.error is None, producer.error
+    wanted = {f"kp:trace:{prefix}-{i:06d}" for i in range(count)}
+    outputs = [env[k] for k in ("KP_ACCEPTED_TOPIC", "KP_REJECTED_TOPIC", "KP_DEAD_LETTER_TOPIC")]
+    with WorkerProcess(bootstrap, **env) as restarted:
+        restarted.wait_ready(timeout=120)
+        seen = asyncio.run(_outputs_by_id(bootstrap, outputs, wanted, timeout=180))
+        assert restarted.stop() == 0, "a clean stop with the broker up exits 0"
+    assert wanted <= set(seen), f"lost {len(wanted - set(seen))}"
+    unequal = {i: o for i, o in seen.items() if len(set(o)) != 1}
+    assert not unequal, f"duplicates differ: {list(unequal.items())[:3]}"
+    print(f"duplicates: {sum(len(o) - 1 for o in seen.values())}")
+
+
+# -- outage logging and connectivity metrics --------------------------------------------------
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+        return response.read().decode()
+
+
+def _gauge(text: str, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert found, f"{name} not exported"
+    return float(found.group(1))
+
+
+def _log_lines(worker: WorkerProcess) -> int:
+    return len(worker.log_path.read_bytes().splitlines())
+
+
+def run_quiet_outage(proxied: tuple[TcpProxy, str], cut_for: float) -> dict[str, object]:
+    """Cut the worker off for ``cut_for`` s while records keep coming; count its log lines and
+    sample its connectivity gauges every second."""
+    proxy, bootstrap = proxied
+    prefix = f"quiet-{uuid.uuid4().hex[:8]}"
+    env = topics_env(prefix)
+    create_topics(bootstrap, [env["KP_INPUT_TOPIC"]], partitions=PARTITIONS)
+    count = int((cut_for + 10) * RATE_PER_SECOND)
+    with WorkerProcess(bootstrap, **env) as worker:
+        worker.wait_ready(timeout=120)
+        producer = SteadyProducer(bootstrap, env["KP_INPUT_TOPIC"], count, prefix)
+        producer.start()
+        time.sleep(3.0)
+        before = _gauge(_scrape(worker.metrics_port), "kp_broker_reachable")
+        lines_at_cut = _log_lines(worker)
+        proxy.cut()
+        cut_at = time.monotonic()
+        samples: list[tuple[float, float, float]] = []
+        try:
+            while time.monotonic() - cut_at < cut_for:
+                time.sleep(1.0)
+                text = _scrape(worker.metrics_port)
+                samples.append(
+                    (
+                        time.monotonic() - cut_at,
+                        _gauge(text, "kp_broker_reachable"),
+                        _gauge(text, "kp_seconds_since_last_fetch"),
+                    )
+                )
+            lines_in_outage = _log_lines(worker) - lines_at_cut
+        finally:
+            proxy.restore()
+        restored_at = time.monotonic()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            str(e.get("event", "")).startswith("broker reachable again") for e in worker.events()
+        ):
+            time.sleep(0.2)
+        recovered_after = time.monotonic() - restored_at
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            text = _scrape(worker.metrics_port)
+            if _gauge(text, "kp_seconds_since_last_fetch") < 5:
+                break
+            time.sleep(0.5)
+        after = (_gauge(text, "kp_broker_reachable"), _gauge(text, "kp_seconds_since_last_fetch"))
+        producer.join(timeout=120)
+        events = worker.events()
+        alive = worker.alive()
+    state_lines = [str(e["event"]) for e in events if str(e.get("event", "")).startswith("broker ")]
+    return {
+        "reachable_before": before,
+        "log_lines_in_outage": lines_in_outage,
+        "log_lines_per_s": lines_in_outage / cut_for,
+        "reachable_during": [s[1] for s in samples],
+        "since_fetch_during": [round(s[2]) for s in samples],
+        "reachable_after": after[0],
+        "since_fetch_after": after[1],
+        "recovered_after_s": round(recovered_after, 1),
+        "state_lines": state_lines,
+        "collapsed_lines": sum(1 for e in events if e.get("repeated")),
+        "alive": alive,
+    }
+
+
+def _assert_quiet(figures: dict[str, object], cut_for: float) -> None:
+    print(f"\noutage of {cut_for:g} s:")
+    for name, value in figures.items():
+        print(f"  {name}: {value}")
+    assert figures["alive"]
+    assert figures["log_lines_per_s"] <= 1.0, "the log stays readable"
+    assert figures["reachable_before"] == 1.0
+    during = figures["reachable_during"]
+    assert isinstance(during, list) and during[-1] == 0.0 and 0.0 in during[: len(during) // 2]
+    since = figures["since_fetch_during"]
+    assert isinstance(since, list) and since[-1] >= cut_for - 10, "keeps growing"
+    assert all(b >= a for a, b in itertools.pairwise(since))
+    assert figures["reachable_after"] == 1.0 and figures["since_fetch_after"] < 5
+    assert [s.split(" since ")[0].split(" after ")[0] for s in figures["state_lines"]] == [
+        "broker unreachable",
+        "broker reachable again",
+    ], "one line per state change"
+
+
+def test_outage_log_stays_readable_and_metrics_show_it(proxied) -> None:
+    cut_for = 35.0
+    _assert_quiet(run_quiet_outage(proxied, cut_for), cut_for)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_minute_outage_log_stays_readable(proxied) -> None:
+    cut_for = 120.0
+    _assert_quiet(run_quiet_outage(proxied, cut_for), cut_for)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status").read().splitlines():  # noqa: SIM115
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _sockets(pid: int) -> int:
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    return count
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_ten_minute_outage_soak_stays_flat_and_recovers(proxied) -> None:
+    """RSS and open sockets stay flat through a long outage; the worker recovers by itself.
+    ``KP_SOAK_OUTAGE_SECONDS`` shortens the outage for a quick check of the test itself."""
+    cut_for = float(os.environ.get("KP_SOAK_OUTAGE_SECONDS", "600"))
+    proxy, bootstrap = proxied
+    prefix = f"soak-{uuid.uuid4().hex[:8]}"
+    env = topics_env(prefix)
+    create_topics(bootstrap, [env["KP_INPUT_TOPIC"]], partitions=PARTITIONS)
+    count = 400
+    with WorkerProcess(bootstrap, **env) as worker:
+        worker.wait_ready(timeout=120)
+        pid = worker.pid
+        assert pid is not None
+        producer = SteadyProducer(bootstrap, env["KP_INPUT_TOPIC"], count, prefix)
+        producer.start()
+        time.sleep(3.0)
+        lines_at_cut = _log_lines(worker)
+        proxy.cut()
+        cut_at = time.monotonic()
+        samples: list[tuple[float, int, int]] = []
+        try:
+            while (elapsed := time.monotonic() - cut_at) < cut_for:
+                samples.append((elapsed, _rss_kib(pid), _sockets(pid)))
+                time.sleep(min(10.0, cut_for / 20))
+            lines = _log_lines(worker) - lines_at_cut
+        finally:
+            proxy.restore()
+        producer.join(timeout=count / RATE_PER_SECOND + 180)
+        assert producer.error is None and not producer.is_alive()
+        wanted = {f"kp:trace:{prefix}-{i:06d}" for i in range(count)}
+        outputs = [
+            env[k] for k in ("KP_ACCEPTED_TOPIC", "KP_REJECTED_TOPIC", "KP_DEAD_LETTER_TOPIC")
+        ]
+        seen = asyncio.run(_outputs_by_id(bootstrap, outputs, wanted, timeout=240))
+        alive = worker.alive()
+        ready = sum(1 for e in worker.events() if e.get("event") == "scorer ready")
+    settled = [s for s in samples if s[0] >= min(60.0, cut_for / 4)]
+    rss = [s[1] for s in settled]
+    sockets = [s[2] for s in settled]
+    print(
+        f"\nsoak: {cut_for:g} s outage, {lines / cut_for:.2f} log lines/s, "
+        f"RSS {min(rss) // 1024}-{max(rss) // 1024} MiB, sockets {min(sockets)}-{max(sockets)}"
+    )
+    assert alive and ready == 1, "recovered by itself, no restart"
+    assert wanted <= set(seen), f"lost {len(wanted - set(seen))}"
+    assert lines / cut_for <= 1.0
+    assert max(rss) - rss[0] < 50 * 1024, "RSS stays flat"
+    assert max(sockets) <= sockets[0] + 5, "no socket leak"

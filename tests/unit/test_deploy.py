@@ -48,6 +48,9 @@ DEFAULT_TOPICS = {
 }
 # What the dashboard must show (the brief of the dashboard), by the series it reads.
 DASHBOARD_MUST_USE = {
+    "kp_broker_reachable",
+    "kp_seconds_since_last_fetch",
+    "kp_seconds_since_last_publish",
     "kp_records_total",
     "kp_trace_latency_seconds_bucket",
     "kp_trace_latency_seconds_count",
@@ -62,6 +65,8 @@ DASHBOARD_MUST_USE = {
     "kp_dead_letters_total",
 }
 ALERTS_MUST_USE = {
+    "kp_broker_reachable",
+    "kp_seconds_since_last_fetch",
     "kp_budget_breaches_total",
     "kp_trace_latency_seconds_bucket",
     "kp_dead_letters_total",
@@ -258,6 +263,7 @@ def test_alert_rules_parse_and_cover_the_brief() -> None:
     p99 = by_name["KpScorerLatencyP99OverBudget"]
     assert "histogram_quantile(0.99" in p99 and p99.strip().endswith("> 0.1")
     assert re.sub(r"\s", "", by_name["KpScorerEmbedderDown"]) == "kp_embedder_up==0"
+    assert re.sub(r"\s", "", by_name["KpScorerBrokerUnreachable"]) == "kp_broker_reachable==0"
 
 
 def test_grafana_provisioning_matches_compose_and_dashboard() -> None:

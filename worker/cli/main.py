@@ -57,7 +57,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from worker.core.scorer import build_scorer
 
     settings = _checked_settings(profiles_file=args.profiles, accept_threshold=args.threshold)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_repeat_interval_seconds)
     scorer = build_scorer(settings, use_embedder=not args.no_embedder)
     if scorer.embedder is None and not args.no_embedder:
         err_console.print(
@@ -111,7 +111,7 @@ FAUST_LOG_LEVELS = {"DEBUG": "debug", "INFO": "info", "WARNING": "warn", "ERROR"
 def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
     """Run the stream worker through Faust's own CLI (its flags pass through)."""
     settings = _checked_settings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_repeat_interval_seconds)
     from worker.io.app import create_app
 
     app = create_app(settings)
@@ -144,13 +144,17 @@ def _partition_list(value: str) -> list[int]:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from aiokafka.errors import KafkaError
     from rich.table import Table
 
     from worker.cli.replay import ReplayRange, run_replay
     from worker.core.scorer import build_scorer
 
     settings = _checked_settings(profiles_file=args.profiles, accept_threshold=args.threshold)
-    configure_logging("WARNING" if settings.log_level == "INFO" else settings.log_level)
+    configure_logging(
+        "WARNING" if settings.log_level == "INFO" else settings.log_level,
+        settings.log_repeat_interval_seconds,
+    )
     scorer = build_scorer(settings)
     scope = ReplayRange(
         topic=args.topic,
@@ -183,6 +187,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         except ValueError as exc:
             err_console.print(f"[red]kp-scorer: {exc}[/red]")
             return 2
+        except (KafkaError, OSError) as exc:
+            err_console.print(
+                f"[red]kp-scorer: Kafka unreachable at {settings.kafka_bootstrap_servers}: "
+                f"{type(exc).__name__}: {exc}[/red]"
+            )
+            return 1
     decisions = ", ".join(f"{k}={v}" for k, v in sorted(summary.decisions.items()))
     err_console.print(
         f"replayed {summary.records} records into {args.output_prefix}.*: {decisions}"
@@ -246,7 +256,10 @@ def cmd_rescore(args: argparse.Namespace) -> int:
         err_console.print(f"[red]kp-scorer: {', '.join(used)} need --from-topics[/red]")
         return 2
     settings = _checked_settings(profiles_file=args.profiles, accept_threshold=args.threshold)
-    configure_logging("WARNING" if settings.log_level == "INFO" else settings.log_level)
+    configure_logging(
+        "WARNING" if settings.log_level == "INFO" else settings.log_level,
+        settings.log_repeat_interval_seconds,
+    )
     rescorer = Rescorer(
         load_profiles(settings.profiles_file),
         settings.accept_threshold,

@@ -1,8 +1,9 @@
 """The Faust app: the input topic, one scoring agent, assignment hooks. A thin shell.
 
-Offsets are acknowledged to Faust only after the broker acknowledged every output of the
-batch (``noack_take`` + explicit ``ack``), so a crash or SIGTERM mid-batch commits nothing
-that was not published. ``faust -A worker.io.app worker`` and ``kp-scorer worker`` both run it.
+The agent takes records one at a time as they arrive (``noack`` stream) and hands each to
+the StreamScorer; a record is acknowledged to Faust only after the broker acknowledged its
+output, so a crash or SIGTERM commits nothing that was not published.
+``faust -A worker.io.app worker`` and ``kp-scorer worker`` both run it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from worker.core.output import output_topics
 from worker.core.records import SourceRecord
 from worker.core.scorer import build_scorer
 from worker.io.kafka import PartitionLogReader, Publisher, ensure_topics
+from worker.io.shutdown import ShutdownDeadline
 from worker.logs import logging_config
 from worker.retry import backoff
 from worker.settings import Settings, load_settings
@@ -35,6 +37,9 @@ from worker.stream.processor import StreamScorer
 log = logging.getLogger(__name__)
 
 STARTUP_BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
+# The connectivity probe: the input topic's end offsets, asked for this often, this patiently.
+PROBE_INTERVAL_SECONDS = 2.0
+PROBE_TIMEOUT_SECONDS = 3.0
 
 
 def _credentials(settings: Settings) -> Any:
@@ -82,6 +87,20 @@ class ScorerTransport(faust_aiokafka.Transport):
     Consumer = ScorerConsumer
 
 
+class ScorerWorker(faust.Worker):
+    """faust's worker with a shutdown deadline: the first SIGTERM/SIGINT starts the usual
+    graceful stop and a ``KP_SHUTDOWN_TIMEOUT_SECONDS`` countdown that ends the process if the
+    stop hangs (e.g. on a commit to an unreachable broker); a second signal exits at once."""
+
+    def _schedule_shutdown(self, signal: Any) -> None:
+        deadline: ShutdownDeadline = self.app.shutdown_deadline  # type: ignore[attr-defined]
+        if deadline.started:
+            deadline.now(f"second signal ({getattr(signal, 'name', signal)})")
+            return
+        deadline.start()
+        super()._schedule_shutdown(signal)
+
+
 class ScorerApp(faust.App):
     """faust.App that prepares topics and owns the scorer's Kafka clients."""
 
@@ -107,8 +126,10 @@ class ScorerApp(faust.App):
             web_enabled=False,
             store="memory://",
             datadir=Path(tempfile.gettempdir()) / f"kp-scorer-{settings.group_id}",
-            logging_config=logging_config(settings.log_level),
+            logging_config=logging_config(settings.log_level, settings.log_repeat_interval_seconds),
+            Worker=ScorerWorker,
         )
+        self.shutdown_deadline = ShutdownDeadline(settings.shutdown_timeout_seconds)
         self.stream_scorer: StreamScorer | None = None
         self._publisher: Publisher | None = None
         self._reader: PartitionLogReader | None = None
@@ -123,6 +144,7 @@ class ScorerApp(faust.App):
         scorer = await asyncio.to_thread(build_scorer, settings)
         observer = MetricsObserver(settings.latency_budget_seconds)
         observer.embedder_loaded(scorer.model_id, scorer.embedder_reason)
+        observer.watch_broker()
         if scorer.embedder is None:
             log.warning(
                 "embedder unavailable; novelty is 0.5", extra={"reason": scorer.embedder_reason}
@@ -219,6 +241,7 @@ def create_app(settings: Settings | None = None) -> ScorerApp:
         async for event in manual.events():
             assert app.stream_scorer is not None
             message = event.message
+            app.stream_scorer.observer.broker_fetched()
             await app.stream_scorer.submit(
                 [_source_record(message)],
                 [message.time_in or time.monotonic()],
@@ -237,6 +260,20 @@ def create_app(settings: Settings | None = None) -> ScorerApp:
         log.info("partitions assigned", extra={"partitions": now_assigned})
 
     app.on_partitions_assigned.connect(on_assigned)
+
+    @app.timer(PROBE_INTERVAL_SECONDS)
+    async def probe_broker() -> None:
+        """Connectivity for logs and metrics, also while no records arrive."""
+        if app.stream_scorer is None or app._reader is None:
+            return
+        observer = app.stream_scorer.observer
+        try:
+            await app._reader.probe(settings.input_topic, PROBE_TIMEOUT_SECONDS)
+        except (TimeoutError, KafkaError, OSError) as exc:
+            observer.broker_unreachable(exc)
+        else:
+            observer.broker_fetched()
+
     return app
 
 

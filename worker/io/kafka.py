@@ -192,6 +192,17 @@ class PartitionLogReader:
     async def partitions(self, topic: str) -> list[int]:
         return await topic_partitions(self._settings, topic)
 
+    async def probe(self, topic: str, timeout: float) -> None:
+        """Ask the broker for the topic's end offsets (the leaders a fetch reads from), within
+        ``timeout`` seconds; raises if it cannot answer."""
+
+        async def ask() -> None:
+            await self._consumer.topics()  # refreshes metadata
+            partitions = self._consumer.partitions_for_topic(topic) or ()
+            await self._consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+
+        await asyncio.wait_for(ask(), timeout)
+
     async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """First offset whose timestamp is >= timestamp_ms, or None if there is none."""
         tp = TopicPartition(topic, partition)
@@ -318,6 +329,7 @@ class Publisher:
                 if isinstance(res, BaseException)
             ]
             if not failed:
+                self._observer.broker_published()
                 return
             self._observer.publish_retried()
             errors = {type(res).__name__ for res in results if isinstance(res, BaseException)}

@@ -92,6 +92,20 @@ gap_records = Counter(
 )
 publish_retries = Counter("kp_publish_retries_total", "Batches whose publish had to be retried")
 
+broker_reachable = Gauge(
+    "kp_broker_reachable",
+    "1 while the broker answers the worker (fetches, publishes, the input topic probe), "
+    "0 from the first failed probe until anything succeeds again",
+)
+seconds_since_last_fetch = Gauge(
+    "kp_seconds_since_last_fetch",
+    "Seconds since records or the input topic's end offsets last came back from the broker",
+)
+seconds_since_last_publish = Gauge(
+    "kp_seconds_since_last_publish",
+    "Seconds since the broker last acknowledged outputs (grows while idle, too)",
+)
+
 
 def serve(port: int) -> None:
     """Serve /metrics over HTTP in a background thread (port 0 = disabled)."""

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from worker.core.records import Decision, RoutedRecord
 from worker.stream import metrics
+from worker.stream.connectivity import BrokerHealth
 
 TopicPartition = tuple[str, int]
 
@@ -16,8 +17,26 @@ TopicPartition = tuple[str, int]
 class MetricsObserver:
     """Turns the worker's events into Prometheus metrics."""
 
-    def __init__(self, latency_budget_seconds: float = 0.1) -> None:
+    def __init__(
+        self, latency_budget_seconds: float = 0.1, health: BrokerHealth | None = None
+    ) -> None:
         self.latency_budget_seconds = latency_budget_seconds
+        self.health = health or BrokerHealth()
+
+    def watch_broker(self) -> None:
+        """Make the connectivity gauges read this observer's broker health (at scrape time)."""
+        metrics.broker_reachable.set_function(self.health.reachable_value)
+        metrics.seconds_since_last_fetch.set_function(self.health.seconds_since_fetch)
+        metrics.seconds_since_last_publish.set_function(self.health.seconds_since_publish)
+
+    def broker_fetched(self) -> None:
+        self.health.fetched()
+
+    def broker_published(self) -> None:
+        self.health.published()
+
+    def broker_unreachable(self, error: BaseException | str) -> None:
+        self.health.unreachable(error)
 
     def embedder_loaded(self, model_id: str | None, reason: str | None) -> None:
         metrics.embedder_up.set(1 if model_id else 0)
