@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 from rich.console import Console
 from rich.progress import (
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from worker.core.rescoring import Rescorer, RescoreSummary
 
 err_console = Console(stderr=True)
+T = TypeVar("T")
 
 
 def _settings(**overrides: object) -> Settings:
@@ -52,6 +53,51 @@ def _checked_settings(**overrides: object) -> Settings:
     return settings
 
 
+def _read_lines_with_progress(
+    verb: str,
+    file: str | None,
+    quiet: bool,
+    run: Callable[[BinaryIO, Callable[[int, int], None]], T],
+) -> tuple[T, str] | None:
+    """Open FILE (or stdin for ``-``) and run over it under a progress bar in bytes and lines;
+    None (after one line on stderr) when the file does not exist."""
+    name = name_of(file)
+    if file in (None, "-"):
+        stream, total = sys.stdin.buffer, None
+    else:
+        path = Path(file)
+        if not path.is_file():
+            err_console.print(f"[red]kp-scorer: no such file: {path}[/red]")
+            return None
+        stream, total = path.open("rb"), path.stat().st_size
+    progress = Progress(
+        TextColumn(verb),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TextColumn("{task.fields[lines]} lines"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        disable=quiet,
+    )
+    with stream, progress:
+        task = progress.add_task(verb, total=total, lines=0)
+        lines_done = 0
+
+        def advance(lines: int, size: int) -> None:
+            nonlocal lines_done
+            lines_done += lines
+            progress.update(task, advance=size, lines=lines_done)
+
+        return run(stream, advance), name
+
+
+def name_of(file: str | None) -> str:
+    """How a line source is named in outputs: the path, or ``stdin``."""
+    return "stdin" if file in (None, "-") else str(Path(file))
+
+
 def cmd_score(args: argparse.Namespace) -> int:
     from worker.cli.score import LineRecords, score_lines
     from worker.core.scorer import build_scorer
@@ -64,37 +110,17 @@ def cmd_score(args: argparse.Namespace) -> int:
             f"[yellow]embedder unavailable ({scorer.embedder_reason}); novelty 0.5[/]"
         )
 
-    if args.file == "-":
-        stream, total, name = sys.stdin.buffer, None, "stdin"
-    else:
-        path = Path(args.file)
-        if not path.is_file():
-            err_console.print(f"[red]kp-scorer: no such file: {path}[/red]")
-            return 2
-        stream, total, name = path.open("rb"), path.stat().st_size, str(path)
-    progress = Progress(
-        TextColumn("scoring"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TextColumn("{task.fields[lines]} lines"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        disable=args.quiet,
+    result = _read_lines_with_progress(
+        "scoring",
+        args.file,
+        args.quiet,
+        lambda stream, advance: score_lines(
+            scorer, stream, sys.stdout, LineRecords(name_of(args.file), args.partition_by), advance
+        ),
     )
-    with stream, progress:
-        task = progress.add_task("score", total=total, lines=0)
-        lines_done = 0
-
-        def advance(lines: int, size: int) -> None:
-            nonlocal lines_done
-            lines_done += lines
-            progress.update(task, advance=size, lines=lines_done)
-
-        summary = score_lines(
-            scorer, stream, sys.stdout, LineRecords(name, args.partition_by), advance
-        )
+    if result is None:
+        return 2
+    summary, _ = result
     scores = summary.scores
     mean = sum(scores) / len(scores) if scores else float("nan")
     counts = ", ".join(f"{k}={v}" for k, v in summary.counts.items())
@@ -143,8 +169,60 @@ def _partition_list(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected partitions like 0,1,2: {value!r}") from None
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
+def _range_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The partitions and offset/time bounds that replay and rescore read alike."""
+    return {
+        "partitions": args.partitions,
+        "from_offset": args.from_offset,
+        "from_time": args.from_time,
+        "to_offset": args.to_offset,
+        "to_time": args.to_time,
+    }
+
+
+def _with_record_progress(
+    verb: str,
+    settings: Settings,
+    run: Callable[[Callable[[int, int | None], None]], T],
+    quiet: bool = False,
+) -> T | int:
+    """Run a long read of topics under a progress bar; a bad range or an unreachable broker
+    ends as one line and an exit code (2 and 1) instead of a traceback."""
     from aiokafka.errors import KafkaError
+
+    progress = Progress(
+        TextColumn(verb),
+        BarColumn(),
+        TextColumn("{task.completed} records"),
+        TextColumn("{task.fields[rate]:.1f}/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        disable=quiet,
+    )
+    started = time.monotonic()
+    with progress:
+        task = progress.add_task(verb, total=None, rate=0.0)
+
+        def advance(count: int, total: int | None) -> None:
+            done = progress.tasks[0].completed + count
+            rate = done / max(time.monotonic() - started, 1e-9)
+            progress.update(task, completed=done, total=total, rate=rate)
+
+        try:
+            return run(advance)
+        except ValueError as exc:
+            err_console.print(f"[red]kp-scorer: {exc}[/red]")
+            return 2
+        except (KafkaError, OSError) as exc:
+            err_console.print(
+                f"[red]kp-scorer: Kafka unreachable at {settings.kafka_bootstrap_servers}: "
+                f"{type(exc).__name__}: {exc}[/red]"
+            )
+            return 1
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from worker.cli.replay import ReplayRange, run_replay
@@ -156,43 +234,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
         settings.log_repeat_interval_seconds,
     )
     scorer = build_scorer(settings)
-    scope = ReplayRange(
-        topic=args.topic,
-        partitions=args.partitions,
-        from_offset=args.from_offset,
-        from_time=args.from_time,
-        to_offset=args.to_offset,
-        to_time=args.to_time,
+    scope = ReplayRange(topic=args.topic, **_range_flags(args))
+    result = _with_record_progress(
+        "replaying",
+        settings,
+        lambda advance: run_replay(settings, scorer, scope, args.output_prefix, advance),
     )
-    progress = Progress(
-        TextColumn("replaying"),
-        BarColumn(),
-        TextColumn("{task.completed} records"),
-        TextColumn("{task.fields[rate]:.1f}/s"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-    )
-    started = time.monotonic()
-    with progress:
-        task = progress.add_task("replay", total=None, rate=0.0)
-
-        def advance(count: int, total: int | None) -> None:
-            done = progress.tasks[0].completed + count
-            rate = done / max(time.monotonic() - started, 1e-9)
-            progress.update(task, completed=done, total=total, rate=rate)
-
-        try:
-            summary = run_replay(settings, scorer, scope, args.output_prefix, advance)
-        except ValueError as exc:
-            err_console.print(f"[red]kp-scorer: {exc}[/red]")
-            return 2
-        except (KafkaError, OSError) as exc:
-            err_console.print(
-                f"[red]kp-scorer: Kafka unreachable at {settings.kafka_bootstrap_servers}: "
-                f"{type(exc).__name__}: {exc}[/red]"
-            )
-            return 1
+    if isinstance(result, int):
+        return result
+    summary = result
     decisions = ", ".join(f"{k}={v}" for k, v in sorted(summary.decisions.items()))
     err_console.print(
         f"replayed {summary.records} records into {args.output_prefix}.*: {decisions}"
@@ -313,36 +363,12 @@ def _rescore_file(
     """File mode: a JSONL of scored outputs (or stdin), the same lines re-scored to ``out``."""
     from worker.cli.rescore import rescore_stream
 
-    if args.file in (None, "-"):
-        stream, total, source = sys.stdin.buffer, None, "stdin"
-    else:
-        path = Path(args.file)
-        if not path.is_file():
-            err_console.print(f"[red]kp-scorer: no such file: {path}[/red]")
-            return None
-        stream, total, source = path.open("rb"), path.stat().st_size, str(path)
-    progress = Progress(
-        TextColumn("rescoring"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TextColumn("{task.fields[lines]} lines"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        disable=quiet,
+    return _read_lines_with_progress(
+        "rescoring",
+        args.file,
+        quiet,
+        lambda stream, advance: rescore_stream(rescorer, stream, out, advance),
     )
-    with stream, progress:
-        task = progress.add_task("rescore", total=total, lines=0)
-        lines_done = 0
-
-        def advance(lines: int, size: int) -> None:
-            nonlocal lines_done
-            lines_done += lines
-            progress.update(task, advance=size, lines=lines_done)
-
-        summary = rescore_stream(rescorer, stream, out, advance)
-    return summary, source
 
 
 def _rescore_topics(
@@ -356,40 +382,18 @@ def _rescore_topics(
     from worker.cli.rescore import RescoreRange, run_rescore_topics
 
     topics = args.topic or [settings.accepted_topic, settings.rejected_topic]
-    scope = RescoreRange(
-        topics=topics,
-        partitions=args.partitions,
-        from_offset=args.from_offset,
-        from_time=args.from_time,
-        to_offset=args.to_offset,
-        to_time=args.to_time,
+    scope = RescoreRange(topics=topics, **_range_flags(args))
+    result = _with_record_progress(
+        "rescoring",
+        settings,
+        lambda advance: run_rescore_topics(
+            settings, rescorer, scope, args.output_prefix, out, advance
+        ),
+        quiet=quiet,
     )
-    progress = Progress(
-        TextColumn("rescoring"),
-        BarColumn(),
-        TextColumn("{task.completed} records"),
-        TextColumn("{task.fields[rate]:.0f}/s"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        disable=quiet,
-    )
-    started = time.monotonic()
-    with progress:
-        task = progress.add_task("rescore", total=None, rate=0.0)
-
-        def advance(count: int, total: int | None) -> None:
-            done = progress.tasks[0].completed + count
-            rate = done / max(time.monotonic() - started, 1e-9)
-            progress.update(task, completed=done, total=total, rate=rate)
-
-        try:
-            summary = run_rescore_topics(
-                settings, rescorer, scope, args.output_prefix, out, advance
-            )
-        except ValueError as exc:
-            err_console.print(f"[red]kp-scorer: {exc}[/red]")
-            return None
+    if isinstance(result, int):
+        return None
+    summary = result
     return summary, ", ".join(topics)
 
 
