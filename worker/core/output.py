@@ -48,22 +48,13 @@ def scored(
     model_id: str | None,
 ) -> RoutedRecord:
     """An accepted or rejected output: the input key and headers, the trace with its score."""
-    document = dict(trace.document)
-    document["metadata"] = {**document["metadata"], "quality_score": breakdown.score}
-    score: dict[str, Any] = breakdown.to_json()
-    score["threshold"] = threshold
-    score["decision"] = decision.value
-    value = orjson.dumps(
-        {
-            "trace": document,
-            "score": score,
-            "scorer": {
-                "version": __version__,
-                "model": model_id,
-                "embedder_available": model_id is not None,
-            },
-            "source": source_json(record),
-        }
+    value = scored_value(
+        trace.document,
+        breakdown,
+        threshold,
+        decision,
+        {"version": __version__, "model": model_id, "embedder_available": model_id is not None},
+        source_json(record),
     )
     headers = (
         *record.headers,
@@ -80,6 +71,23 @@ def scored(
         breakdown=breakdown,
         trace_id=trace.id,
     )
+
+
+def scored_value(
+    document: dict[str, Any],
+    breakdown: ScoreBreakdown,
+    threshold: float,
+    decision: Decision,
+    scorer: dict[str, Any],
+    source: dict[str, Any],
+) -> bytes:
+    """The value of an accepted or rejected record (``schemas/scored-trace.schema.json``)."""
+    trace = dict(document)
+    trace["metadata"] = {**trace["metadata"], "quality_score": breakdown.score}
+    score: dict[str, Any] = breakdown.to_json()
+    score["threshold"] = threshold
+    score["decision"] = decision.value
+    return orjson.dumps({"trace": trace, "score": score, "scorer": scorer, "source": source})
 
 
 def dead_letter(record: SourceRecord, error: TraceError) -> RoutedRecord:

@@ -25,7 +25,7 @@ import orjson
 
 from worker import __version__
 from worker.core.errors import TraceError
-from worker.core.output import HEADER_PREFIX
+from worker.core.output import HEADER_PREFIX, scored_value
 from worker.core.records import Decision, RoutedRecord, SourceRecord
 from worker.core.schema import check_trace_document
 from worker.core.scoring import Novelty, NoveltySource, ProfileSet, ScoreBreakdown, score_trace
@@ -212,23 +212,18 @@ class Rescorer:
         domain = trace.domain
         threshold = self.threshold_for(domain)
         decision = Decision.ACCEPTED if breakdown.score >= threshold else Decision.REJECTED
-        document = dict(trace.document)
-        document["metadata"] = {**document["metadata"], "quality_score": breakdown.score}
-        score: dict[str, Any] = breakdown.to_json()
-        score["threshold"] = threshold
-        score["decision"] = decision.value
-        value = orjson.dumps(
+        value = scored_value(
+            trace.document,
+            breakdown,
+            threshold,
+            decision,
             {
-                "trace": document,
-                "score": score,
-                "scorer": {
-                    "version": __version__,
-                    "model": model,
-                    "embedder_available": available,
-                    "rescore_of": origin,
-                },
-                "source": recorded["source"],
-            }
+                "version": __version__,
+                "model": model,
+                "embedder_available": available,
+                "rescore_of": origin,
+            },
+            recorded["source"],
         )
         return Rescored(
             value=value,
