@@ -6,8 +6,10 @@ Variables are prefixed ``KP_`` except the conventional ``KAFKA_BOOTSTRAP_SERVERS
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -65,12 +67,16 @@ class Settings(BaseSettings):
     heartbeat_interval_seconds: PositiveFloat = 1.0
     commit_interval_seconds: PositiveFloat = 1.0
     # On SIGTERM: stop taking records, publish and commit what can be, and exit by this
-    # deadline whatever the broker does (exit code 70 when it ran out; a second signal exits
+    # deadline whatever the broker does (exit code 75 when it ran out; a second signal exits
     # at once). Well under a Kubernetes pod's 30 s grace period.
     shutdown_timeout_seconds: PositiveFloat = 20.0
     # Repeated Kafka client warnings/errors are collapsed: one line per distinct message per
     # interval, then one "repeated N times" line.
     log_repeat_interval_seconds: PositiveFloat = 10.0
+    # Idempotent publishing: the producer's own retries never duplicate an output. "auto" uses
+    # it where the broker grants producer ids (Apache Kafka does; the embedded demo broker does
+    # not) and logs one warning otherwise; "on" refuses to start without it.
+    producer_idempotence: Literal["auto", "on", "off"] = "auto"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
@@ -115,7 +121,11 @@ class Settings(BaseSettings):
     model_cache_dir: Path | None = None  # None = $XDG_CACHE_HOME/kp-scorer or ~/.cache/kp-scorer
 
     # Operations
+    # Serves /metrics, /healthz (liveness) and /readyz (readiness); 0 = none of them.
     metrics_port: int = Field(default=9464, ge=0, le=65535)
+    # /healthz fails when records wait and the consume loop has taken or finished none for
+    # this long, or when the event loop has not run for a third of it.
+    health_stall_seconds: PositiveFloat = 60.0
     latency_budget_seconds: PositiveFloat = 0.1
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -127,6 +137,12 @@ class Settings(BaseSettings):
             if not host or not port.isdigit():
                 raise ValueError(f"expected host:port[,host:port...], got {server.strip()!r}")
         return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level_any_case(cls, value: object) -> object:
+        # People write `debug` or `Warning` as often as `DEBUG`; all mean the same level.
+        return value.strip().upper() if isinstance(value, str) else value
 
     @field_validator("domain_thresholds")
     @classmethod
@@ -209,19 +225,54 @@ def env_name(field: str) -> str:
     return f"KP_{field.upper()}"
 
 
-def load_settings(**overrides: object) -> Settings:
-    """Read and validate settings; a bad value raises SettingsError naming the variable."""
+def known_variables() -> frozenset[str]:
+    """Every ``KP_*`` variable a setting reads (KAFKA_BOOTSTRAP_SERVERS's alias included)."""
+    return frozenset(f"KP_{name.upper()}" for name in Settings.model_fields)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """``KP_*`` variables no setting reads, each with the closest known name if one is close.
+
+    Settings ignore such a variable, so a misspelt name would otherwise leave the default in
+    force without a word. Names compare case-insensitively, as settings read them.
+    """
+    known = known_variables()
+    unknown = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if upper.startswith("KP_") and upper not in known:
+            close = difflib.get_close_matches(upper, known, n=1)
+            unknown.append((name, close[0] if close else None))
+    return unknown
+
+
+def by_variable(settings: Settings) -> dict[str, object]:
+    """The effective values keyed by the variable that sets each, secrets masked: what an
+    operator would export to get this configuration."""
+    return {env_name(name): value for name, value in settings.masked().items()}
+
+
+def load_settings(flags: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    """Read and validate settings; a bad value raises SettingsError naming the variable.
+
+    ``flags`` maps a setting given in ``overrides`` to the command-line flag it came from, so
+    that an error names what the user typed (``--threshold``), not a variable they never set.
+    """
+    flags = flags or {}
+
+    def where(field: str) -> str:
+        return flags.get(field) or env_name(field)
+
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except SourceError as exc:
         # The environment source could not even decode a value (e.g. a dict that is not JSON).
         found = re.search(r'field "(\w+)"', str(exc))
-        where = env_name(found.group(1)) if found else "settings"
-        raise SettingsError(f"invalid configuration:\n  {where}: not a valid JSON value") from None
+        name = env_name(found.group(1)) if found else "settings"
+        raise SettingsError(f"invalid configuration:\n  {name}: not a valid JSON value") from None
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
             field = str(error["loc"][0]) if error["loc"] else ""
-            where = env_name(field) if field else "settings"
-            problems.append(f"{where}: {error['msg']}")
+            problems.append(f"{where(field) if field else 'settings'}: {error['msg']}")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems)) from None

@@ -5,6 +5,7 @@ security tests, which need no broker, are ``tests/unit/test_config_security.py``
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -77,3 +78,31 @@ def test_worker_log_never_contains_trace_contents(kafka_bootstrap: str) -> None:
         f"lines containing the marker: {len(lines)}"
     )
     assert not lines, "trace contents in the log:\n" + "\n".join(lines[:5])
+
+
+@pytest.mark.broker
+def test_producer_idempotence_auto_falls_back_and_on_refuses_a_broker_without_it(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whether the broker grants producer ids decides "auto"; "on" never publishes without."""
+    from worker.io.kafka import KafkaError, Publisher
+    from worker.settings import load_settings
+
+    async def start(mode: str) -> bool:
+        publisher = Publisher(
+            load_settings(kafka_bootstrap_servers=kafka_bootstrap, producer_idempotence=mode)
+        )
+        try:
+            await publisher.start()
+            return publisher.idempotent
+        finally:
+            await publisher.stop()
+
+    granted = asyncio.run(start("auto"))
+    assert asyncio.run(start("off")) is False
+    if granted:  # Apache Kafka: idempotent, and "on" starts too
+        assert asyncio.run(start("on")) is True
+        return
+    assert "publishing without idempotence" in caplog.text
+    with pytest.raises(KafkaError, match="KP_PRODUCER_IDEMPOTENCE=on but the broker refused"):
+        asyncio.run(start("on"))

@@ -591,3 +591,61 @@ def test_ten_minute_outage_soak_stays_flat_and_recovers(proxied) -> None:
     assert lines / cut_for <= 1.0
     assert max(rss) - rss[0] < 50 * 1024, "RSS stays flat"
     assert max(sockets) <= sockets[0] + 5, "no socket leak"
+
+
+# -- commands run by hand during an outage ----------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_replay_gives_up_on_a_broker_that_goes_away_in_one_line(proxied) -> None:
+    """A replay cut off mid-way ends by itself (non-zero, one line, no traceback) instead of
+    retrying its publishes for ever; run again, it replays everything."""
+    import sys
+
+    from worker.io.kafka import COMMAND_GIVE_UP_SECONDS
+
+    from support.kafka_helpers import produce
+
+    proxy, bootstrap = proxied
+    prefix = f"replay-cut-{uuid.uuid4().hex[:8]}"
+    topic = f"{prefix}.raw"
+    create_topics(bootstrap, [topic], partitions=1)
+    count = 1500  # about a minute of scoring on two cores: the cut lands mid-way
+    produce(bootstrap, topic, [(None, trace(i, prefix), 0, None) for i in range(count)])
+    command = [sys.executable, "-m", "worker.cli", "replay", "--topic", topic]
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    replaying = subprocess.Popen(
+        [*command, "--output-prefix", f"{prefix}.r"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(20)
+        assert replaying.poll() is None, replaying.communicate()
+        cut_at = time.monotonic()
+        proxy.cut()
+        try:
+            _, stderr = replaying.communicate(timeout=COMMAND_GIVE_UP_SECONDS + 60)
+        finally:
+            took = time.monotonic() - cut_at
+            proxy.restore()
+    finally:
+        if replaying.poll() is None:
+            replaying.kill()
+    print(f"\nreplay cut off: exit {replaying.returncode} after {took:.0f} s: {stderr[-300:]}")
+    assert replaying.returncode == 1
+    assert "Traceback" not in stderr
+    errors = [line for line in stderr.splitlines() if "kp-scorer:" in line]
+    assert len(errors) == 1 and "unreachable" in errors[0], stderr[-2000:]
+    again = subprocess.run(
+        [*command, "--output-prefix", f"{prefix}.again"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"replayed {count} records" in again.stderr

@@ -1,10 +1,18 @@
 """The deployment files (compose, Dockerfile, Prometheus, Grafana, k8s) as the deploy tests
-read them, and the metric names their PromQL queries select."""
+read them, and the metric names their PromQL queries select.
+
+``deploy/k8s/monitoring/prometheusrule.yaml`` is rendered from ``deploy/prometheus/alerts.yml``
+by ``prometheus_rule_manifest``; after changing the alerts, regenerate it with
+
+    PYTHONPATH=tests python -m support.deploy_files > deploy/k8s/monitoring/prometheusrule.yaml
+"""
 
 from __future__ import annotations
 
 import json
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +31,12 @@ GRAFANA_DATASOURCES = (
 )
 GRAFANA_DASHBOARDS = REPO / "deploy" / "grafana" / "provisioning" / "dashboards" / "dashboards.yml"
 K8S = REPO / "deploy" / "k8s"
+# Prometheus Operator resources: a kustomization of their own, outside the base (the CRDs may
+# be absent from a cluster).
+MONITORING = K8S / "monitoring"
+PROMETHEUS_RULE = MONITORING / "prometheusrule.yaml"
+SERVICE_MONITOR = MONITORING / "servicemonitor.yaml"
+PROMTOOL_TESTS = REPO / "tests" / "unit" / "promtool"
 
 
 def load_yaml(path: Path) -> Any:
@@ -38,10 +52,19 @@ def k8s_documents() -> list[dict[str, Any]]:
     return docs
 
 
+def monitoring_documents() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(MONITORING.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    return docs
+
+
 def k8s(kind: str, name: str | None = None) -> dict[str, Any]:
     found = [
         d
-        for d in k8s_documents()
+        for d in k8s_documents() + monitoring_documents()
         if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
     ]
     assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
@@ -53,35 +76,58 @@ GRAFANA_INTERVALS = re.compile(r"\$__(rate_interval|interval|range)\b")
 LABEL_VALUES = re.compile(r"^\s*label_values\((?P<selector>.+),\s*\w+\s*\)\s*$")
 
 
-def promql_metric_names(expr: str) -> set[str]:
-    """Metric names selected by a PromQL expression (parsed, so a syntax error fails loudly).
+def promql_nodes(expr: str) -> Iterator[Any]:
+    """Every node of a PromQL expression, parsed (so a syntax error fails loudly).
 
     Grafana's interval variables become a duration; ``label_values(selector, label)`` (a
-    Grafana template query) contributes its selector.
+    Grafana template query) stands for its selector.
     """
     expr = GRAFANA_INTERVALS.sub("5m", expr)
     match = LABEL_VALUES.match(expr)
     if match:
         expr = match["selector"]
-    names: set[str] = set()
+    try:
+        root = promql_parser.parse(expr)
+    except ValueError as exc:
+        raise AssertionError(f"invalid PromQL {expr!r}: {exc}") from None
 
-    def walk(node: Any) -> None:
-        if isinstance(node, promql_parser.VectorSelector):
-            assert node.name, f"selector without a metric name in {expr!r}"
-            names.add(node.name)
-            return
+    def walk(node: Any) -> Iterator[Any]:
+        yield node
         for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
             child = getattr(node, attr, None)
             if isinstance(child, promql_parser.Expr):
-                walk(child)
+                yield from walk(child)
         for arg in getattr(node, "args", None) or ():
-            walk(arg)
+            yield from walk(arg)
 
-    try:
-        walk(promql_parser.parse(expr))
-    except ValueError as exc:
-        raise AssertionError(f"invalid PromQL {expr!r}: {exc}") from None
-    return names
+    return walk(root)
+
+
+def promql_selectors(expr: str) -> list[Any]:
+    """The vector selectors of a PromQL expression (each with ``name`` and ``matchers``)."""
+    selectors = [n for n in promql_nodes(expr) if isinstance(n, promql_parser.VectorSelector)]
+    for selector in selectors:
+        assert selector.name, f"selector without a metric name in {expr!r}"
+    return selectors
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names selected by a PromQL expression."""
+    return {selector.name for selector in promql_selectors(expr)}
+
+
+def promql_label_matchers(expr: str) -> set[tuple[str, str, str]]:
+    """(metric, label, value) of every label matcher in a PromQL expression."""
+    return {
+        (selector.name, matcher.name, matcher.value)
+        for selector in promql_selectors(expr)
+        for matcher in selector.matchers.matchers
+    }
+
+
+def promql_numbers(expr: str) -> set[float]:
+    """Number literals of a PromQL expression (function parameters included)."""
+    return {n.val for n in promql_nodes(expr) if isinstance(n, promql_parser.NumberLiteral)}
 
 
 def dashboard_queries() -> list[str]:
@@ -96,6 +142,9 @@ def dashboard_queries() -> list[str]:
         if variable["type"] == "query":
             query = variable["query"]
             queries.append(query["query"] if isinstance(query, dict) else query)
+    for annotation in dashboard["annotations"]["list"]:
+        if "expr" in annotation:
+            queries.append(annotation["expr"])
     return queries
 
 
@@ -103,6 +152,41 @@ def alert_rules() -> list[dict[str, Any]]:
     return [rule for group in load_yaml(ALERTS)["groups"] for rule in group["rules"]]
 
 
+class _BlockStrings(yaml.SafeDumper):
+    """Multi-line strings (PromQL expressions) as ``|`` blocks, as they are in alerts.yml."""
+
+
+_BlockStrings.add_representer(
+    str,
+    lambda dumper, value: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+    ),
+)
+
+
+def prometheus_rule_manifest() -> str:
+    """deploy/k8s/monitoring/prometheusrule.yaml: the groups of alerts.yml as a PrometheusRule."""
+    rule = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "kp-scorer", "labels": {"app.kubernetes.io/name": "kp-scorer"}},
+        "spec": {"groups": load_yaml(ALERTS)["groups"]},
+    }
+    header = (
+        "# The alert rules of deploy/prometheus/alerts.yml for the Prometheus Operator. Generated\n"
+        "# from that file (tests/support/deploy_files.py says how); do not edit by hand:\n"
+        "# tests/unit/test_alert_rules.py fails when the two differ. The comments on each rule\n"
+        "# are in alerts.yml. A Prometheus that selects rules by label (ruleSelector) needs its\n"
+        "# label added in an overlay, e.g. `release: <name>` for kube-prometheus-stack.\n"
+    )
+    body = yaml.dump(rule, Dumper=_BlockStrings, sort_keys=False, width=100, allow_unicode=True)
+    return header + body
+
+
 def autoscaler_queries() -> list[str]:
     scaled = k8s("ScaledObject")
     return [t["metadata"]["query"] for t in scaled["spec"]["triggers"] if t["type"] == "prometheus"]
+
+
+if __name__ == "__main__":
+    sys.stdout.write(prometheus_rule_manifest())

@@ -260,7 +260,7 @@ def test_bad_setting_stops_the_real_command(cli_results, case: str, command: str
 def test_valid_settings_print_and_exit_zero() -> None:
     result = run_cli("settings", KP_ACCEPT_THRESHOLD="0.6", KP_DOMAIN_THRESHOLDS='{"code": 0.8}')
     assert result.returncode == 0, result.stderr
-    assert "accept_threshold = 0.6" in result.stdout
+    assert "KP_ACCEPT_THRESHOLD = 0.6" in result.stdout
     assert "'code': 0.8" in result.stdout
 
 
@@ -365,10 +365,10 @@ def test_settings_command_masks_the_password() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert PASSWORD not in result.stdout + result.stderr
-    password_lines = [line for line in result.stdout.splitlines() if "sasl_password" in line]
-    assert password_lines == ["sasl_password = **********"], password_lines
-    assert "sasl_username = alice" in result.stdout
-    assert "security_protocol = SASL_SSL" in result.stdout
+    password_lines = [line for line in result.stdout.splitlines() if "KP_SASL_PASSWORD" in line]
+    assert password_lines == ["KP_SASL_PASSWORD = **********"], password_lines
+    assert "KP_SASL_USERNAME = alice" in result.stdout
+    assert "KP_SECURITY_PROTOCOL = SASL_SSL" in result.stdout
     print(f"\n`kp-scorer settings` shows: {password_lines[0]}")
     # In-process too: the printable form never holds the secret.
     settings = load_settings(

@@ -28,6 +28,7 @@ from support.deploy_files import (
     GRAFANA_DASHBOARDS,
     GRAFANA_DATASOURCES,
     K8S,
+    MONITORING,
     PROMETHEUS,
     alert_rules,
     autoscaler_queries,
@@ -35,7 +36,10 @@ from support.deploy_files import (
     k8s,
     k8s_documents,
     load_yaml,
+    monitoring_documents,
+    promql_label_matchers,
     promql_metric_names,
+    promql_numbers,
 )
 from support.paths import REPO
 
@@ -63,6 +67,10 @@ DASHBOARD_MUST_USE = {
     "kp_cache_entries",
     "kp_embedder_up",
     "kp_dead_letters_total",
+    "kp_latency_budget_seconds",
+    "kp_accept_threshold",
+    "kp_domain_accept_threshold",
+    "kp_build_info",
 }
 ALERTS_MUST_USE = {
     "kp_broker_reachable",
@@ -73,6 +81,19 @@ ALERTS_MUST_USE = {
     "kp_consumer_lag_records",
     "kp_consumer_lag_seconds",
     "kp_embedder_up",
+    "kp_latency_budget_seconds",
+    "kp_accept_threshold",
+    "kp_domain_accept_threshold",
+    "kp_build_info",
+    "up",
+}
+# Configured values that the dashboard and the alerts read from the worker's gauges
+# (kp_latency_budget_seconds, kp_accept_threshold, kp_domain_accept_threshold), never write in.
+CONFIGURED_VALUES = {
+    DEFAULTS.latency_budget_seconds,
+    DEFAULTS.accept_threshold,
+    *DEFAULTS.domain_thresholds.values(),
+    0.8,  # the medical threshold of deploy/k8s/configmap.yaml
 }
 
 
@@ -119,6 +140,23 @@ def host_volumes(svc: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def topic_commands(script: str) -> dict[str, dict[str, Any]]:
+    """Topic -> {"partitions": int, "configs": {name: value}} of each ``kafka-topics.sh
+    --create`` in a shell script; a ``for topic in ...`` loop creates each topic it lists."""
+    script = script.replace("\\\n", " ")
+    loop = re.search(r"for topic in ([^;]+);", script)
+    created: dict[str, dict[str, Any]] = {}
+    for command in re.findall(r"kafka-topics\.sh[^\n]*--create[^\n]*", script):
+        topic = re.search(r"--topic (\S+)", command)[1]  # type: ignore[index]
+        topics = loop[1].split() if loop and "topic}" in topic else [topic]
+        partitions = int(re.search(r"--partitions (\d+)", command)[1])  # type: ignore[index]
+        configs = dict(c.split("=", 1) for c in re.findall(r"--config (\S+)", command))
+        for name in topics:
+            assert name not in created, f"{name} created twice"
+            created[name] = {"partitions": partitions, "configs": configs}
+    return created
+
+
 def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
     """Settings exactly as the worker would load them from ``env`` (nothing else set)."""
     for name in list(os.environ):
@@ -135,6 +173,8 @@ def test_promql_metric_names_reads_nested_expressions() -> None:
         " / on() group_left sum(b_total) > 0.1 and max_over_time(c[5m:1m]) unless -d"
     )
     assert promql_metric_names(expr) == {"a_bucket", "b_total", "c", "d"}
+    assert promql_numbers(expr) == {0.99, 0.1}
+    assert promql_label_matchers(expr) == {("a_bucket", "x", "$x"), ("a_bucket", "le", "0.1")}
     assert promql_metric_names('label_values(kp_score_count{i=~"$i"}, domain)') == {
         "kp_score_count"
     }
@@ -193,16 +233,43 @@ def test_compose_topics_agree_with_settings_defaults(monkeypatch: pytest.MonkeyP
     } == DEFAULT_TOPICS
     assert settings.input_topic == DEFAULTS.input_topic
     assert settings.group_id == DEFAULTS.group_id
-    script = "\n".join(service("topics")["command"])
-    created = set(re.search(r"for topic in ([^;]+);", script)[1].split())  # type: ignore[index]
-    assert created == DEFAULT_TOPICS
-    partitions = int(re.search(r"--partitions (\d+)", script)[1])  # type: ignore[index]
-    assert partitions == settings.input_partitions
+    created = topic_commands("\n".join(service("topics")["command"]))
+    assert set(created) == DEFAULT_TOPICS
+    assert {c["partitions"] for c in created.values()} == {settings.input_partitions}
     assert service("producer")["environment"]["TOPIC"] == DEFAULTS.input_topic
     producer_file = service("producer")["environment"]["TRACES_FILE"]
     mounted = {target: host for host, target in host_volumes(service("producer"))}
     directory, name = producer_file.rsplit("/", 1)
     assert (REPO / mounted[directory] / name).is_file()
+
+
+def test_compose_output_topics_take_the_worker_record_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The topics service creates the output topics as the worker's ensure_topics would: with
+    max.message.bytes = Settings.output_record_limit, so an output as large as
+    KP_MAX_OUTPUT_BYTES is accepted by the broker instead of failing the publish."""
+    settings = settings_from(service("worker")["environment"], monkeypatch)
+    created = topic_commands("\n".join(service("topics")["command"]))
+    outputs = {settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic}
+    for topic in outputs:
+        configs = created[topic]["configs"]
+        assert configs.get("max.message.bytes") == str(settings.output_record_limit), topic
+    assert settings.output_record_limit > 1_048_588, "above Kafka's default record limit"
+    # The input topic keeps the broker's default, which is above what the worker reads.
+    input_limit = created[settings.input_topic]["configs"].get("max.message.bytes", 1_048_588)
+    assert int(input_limit) >= settings.max_message_bytes
+
+
+def test_compose_topic_configs_are_the_ones_the_worker_sets() -> None:
+    """Same config names as worker/io/kafka.py gives NewTopic (a misspelt name would be
+    rejected by kafka-topics.sh only at run time)."""
+    source = (REPO / "worker" / "io" / "kafka.py").read_text()
+    worker_configs = set(re.findall(r'"([a-z]+(?:\.[a-z]+)+)": str\(settings\.', source))
+    assert worker_configs == {"max.message.bytes"}
+    created = topic_commands("\n".join(service("topics")["command"]))
+    used = {name for c in created.values() for name in c["configs"]}
+    assert used == worker_configs
 
 
 def test_metrics_port_agrees_everywhere() -> None:
@@ -211,7 +278,7 @@ def test_metrics_port_agrees_everywhere() -> None:
     worker = service("worker")
     assert int(worker["environment"]["KP_METRICS_PORT"]) == port
     assert {container_port(p) for p in worker["ports"]} == {port}
-    assert f"127.0.0.1:{port}/metrics" in " ".join(worker["healthcheck"]["test"])
+    assert f"127.0.0.1:{port}/readyz" in " ".join(worker["healthcheck"]["test"])
     dockerfile = DOCKERFILE.read_text()
     assert re.findall(r"^EXPOSE\s+(\d+)", dockerfile, re.M) == [str(port)]
     assert re.search(r"^ENV KP_METRICS_PORT=(\d+)", dockerfile, re.M)[1] == str(port)  # type: ignore[index]
@@ -258,17 +325,62 @@ def test_alert_rules_parse_and_cover_the_brief() -> None:
         assert rule["labels"]["severity"] in ("warning", "critical")
         assert rule["annotations"]["summary"]
         used |= promql_metric_names(rule["expr"])
-    assert used >= ALERTS_MUST_USE
+    assert used >= ALERTS_MUST_USE, sorted(ALERTS_MUST_USE - used)
     by_name = {rule["alert"]: rule["expr"] for rule in rules}
     p99 = by_name["KpScorerLatencyP99OverBudget"]
-    assert "histogram_quantile(0.99" in p99 and p99.strip().endswith("> 0.1")
+    assert "histogram_quantile(0.99" in p99
+    assert re.sub(r"\s", "", p99).endswith(">on()max(kp_latency_budget_seconds)")
     assert re.sub(r"\s", "", by_name["KpScorerEmbedderDown"]) == "kp_embedder_up==0"
     assert re.sub(r"\s", "", by_name["KpScorerBrokerUnreachable"]) == "kp_broker_reachable==0"
+    # Down = no target of the job answers, including when none is discovered any more.
+    assert re.sub(r"\s", "", by_name["KpScorerDown"]) == 'absent(up{job="kp-scorer"}==1)'
+
+
+def test_alert_rules_read_configured_values_from_the_worker() -> None:
+    """Budget and thresholds come from the worker's gauges, so a deployment that changes
+    KP_LATENCY_BUDGET_SECONDS or KP_ACCEPT_THRESHOLD needs no edit of the rules."""
+    for rule in alert_rules():
+        written_in = promql_numbers(rule["expr"]) & CONFIGURED_VALUES
+        assert not written_in, f"{rule['alert']} writes in {sorted(written_in)}"
+        buckets = {m for m in promql_label_matchers(rule["expr"]) if m[1] == "le"}
+        assert not buckets, f"{rule['alert']} selects a bucket: {buckets}"
+
+
+def test_alert_rules_select_the_scrape_job_prometheus_uses() -> None:
+    """``up{job=...}`` in the rules names the job of prometheus.yml and of the ServiceMonitor
+    (whose job label is the value of the Service label named by jobLabel)."""
+    (scrape,) = load_yaml(PROMETHEUS)["scrape_configs"]
+    monitor = k8s("ServiceMonitor")
+    service_labels = k8s("Service")["metadata"]["labels"]
+    assert service_labels[monitor["spec"]["jobLabel"]] == scrape["job_name"]
+    jobs = {
+        value
+        for rule in alert_rules()
+        for metric, label, value in promql_label_matchers(rule["expr"])
+        if metric == "up" and label == "job"
+    }
+    assert jobs == {scrape["job_name"]}
+
+
+def datasource_references(node: Any) -> list[dict[str, Any]]:
+    """Every ``datasource`` object in a dashboard (panels, targets, variables, annotations)."""
+    found = []
+    if isinstance(node, dict):
+        if isinstance(node.get("datasource"), dict):
+            found.append(node["datasource"])
+        for value in node.values():
+            found += datasource_references(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += datasource_references(value)
+    return found
 
 
 def test_grafana_provisioning_matches_compose_and_dashboard() -> None:
     (datasource,) = load_yaml(GRAFANA_DATASOURCES)["datasources"]
     assert datasource["type"] == "prometheus"
+    # The dashboard's datasource variable starts on the default data source.
+    assert datasource["isDefault"] is True
     host_port = datasource["url"].removeprefix("http://")
     host, port = host_port.split(":")
     assert host in compose()["services"]
@@ -277,15 +389,30 @@ def test_grafana_provisioning_matches_compose_and_dashboard() -> None:
     mounts = dict(host_volumes(service("grafana")))
     assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
     assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+
+
+def test_dashboard_takes_its_datasource_from_a_variable() -> None:
+    """Importable into any Grafana: every query goes to the data source picked in the
+    ``datasource`` variable (a Prometheus one), none to a fixed uid."""
     dashboard = json.loads(DASHBOARD.read_text())
-    uids = {
-        panel["datasource"]["uid"] for panel in dashboard["panels"] if "datasource" in panel
-    } | {
-        target["datasource"]["uid"]
-        for panel in dashboard["panels"]
-        for target in panel.get("targets", [])
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    variable = variables["datasource"]
+    assert variable["type"] == "datasource" and variable["query"] == "prometheus"
+    assert not variable.get("current"), "no fixed choice: Grafana starts on its default"
+    assert dashboard["templating"]["list"][0] is variable, "queries of later variables use it"
+    expected = {"type": "prometheus", "uid": "${datasource}"}
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == expected, panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == expected, panel["title"]
+    for other in [*variables.values(), *dashboard["annotations"]["list"]]:
+        if other.get("type") == "query" or "expr" in other:
+            assert other["datasource"] == expected, other["name"]
+    assert {json.dumps(ref, sort_keys=True) for ref in datasource_references(dashboard)} == {
+        json.dumps(expected, sort_keys=True)
     }
-    assert uids == {datasource["uid"]}
 
 
 def test_dashboard_parses_and_covers_the_brief() -> None:
@@ -300,11 +427,72 @@ def test_dashboard_parses_and_covers_the_brief() -> None:
     for query in dashboard_queries():
         used |= promql_metric_names(query)
     assert used >= DASHBOARD_MUST_USE, sorted(DASHBOARD_MUST_USE - used)
-    exprs = " ".join(dashboard_queries())
-    assert 'kp_trace_latency_seconds_bucket{instance=~"$instance",le="0.1"}' in exprs
-    budget_panels = [p for p in dashboard["panels"] if "vs 100 ms budget" in p["title"]]
-    (steps,) = [p["fieldConfig"]["defaults"]["thresholds"]["steps"] for p in budget_panels]
-    assert steps[-1]["value"] == DEFAULTS.latency_budget_seconds
+
+
+def panel_queries(panel: dict[str, Any]) -> list[str]:
+    return [target["expr"] for target in panel.get("targets", []) if "expr" in target]
+
+
+def threshold_steps(node: Any) -> list[float]:
+    """Every threshold step value in a panel's field config (defaults and overrides)."""
+    if isinstance(node, dict):
+        steps = [s["value"] for s in node.get("steps", []) if s.get("value") is not None]
+        return steps + [v for value in node.values() for v in threshold_steps(value)]
+    if isinstance(node, list):
+        return [v for value in node for v in threshold_steps(value)]
+    return []
+
+
+def test_dashboard_reads_budget_and_thresholds_from_the_worker() -> None:
+    """No configured value is written into the dashboard: the within-budget share comes from
+    kp_budget_breaches_total (counted against the configured budget), budget lines from
+    kp_latency_budget_seconds and accept-threshold lines from the threshold gauges."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    for query in dashboard_queries():
+        assert not promql_numbers(query) & CONFIGURED_VALUES, query
+        assert not {m for m in promql_label_matchers(query) if m[1] == "le"}, query
+    for panel in dashboard["panels"]:
+        steps = set(threshold_steps(panel.get("fieldConfig", {})))
+        assert not steps & CONFIGURED_VALUES, panel["title"]
+    panels = {panel["title"]: panel for panel in dashboard["panels"]}
+    within = panel_queries(panels["Within latency budget"])
+    assert within and all(
+        {"kp_budget_breaches_total", "kp_trace_latency_seconds_count"} <= promql_metric_names(q)
+        for q in within
+    )
+    for title in (
+        "Trace latency p50 / p99 (receipt and end-to-end) vs latency budget",
+        "Stage latency p99",
+    ):
+        assert any(
+            promql_metric_names(q) == {"kp_latency_budget_seconds"}
+            for q in panel_queries(panels[title])
+        ), title
+    p99 = panel_queries(panels["p99 latency / budget"])
+    assert len(p99) == 1 and "kp_latency_budget_seconds" in promql_metric_names(p99[0])
+    acceptance = {
+        name
+        for q in panel_queries(panels["Mean score and acceptance by domain"])
+        for name in promql_metric_names(q)
+    }
+    assert {"kp_accept_threshold", "kp_domain_accept_threshold"} <= acceptance
+
+
+def test_dashboard_shows_builds() -> None:
+    """A table of each worker's version and model, and an annotation when a build appears."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    tables = [
+        p
+        for p in dashboard["panels"]
+        if any("kp_build_info" in promql_metric_names(q) for q in panel_queries(p))
+    ]
+    (table,) = tables
+    assert table["type"] == "table"
+    (build,) = [q for q in panel_queries(table) if "kp_build_info" in promql_metric_names(q)]
+    assert re.search(r"by \(instance, version, model\)", build)
+    (annotation,) = dashboard["annotations"]["list"]
+    assert promql_metric_names(annotation["expr"]) == {"kp_build_info"}
+    assert "{{version}}" in annotation["titleFormat"] and "{{model}}" in annotation["textFormat"]
 
 
 # -- Kubernetes ---------------------------------------------------------------------------
@@ -320,6 +508,35 @@ def test_k8s_manifests_parse_without_namespaces() -> None:
     assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
 
 
+def test_k8s_monitoring_is_a_kustomization_of_its_own() -> None:
+    """ServiceMonitor and PrometheusRule need the Prometheus Operator's CRDs: a separate
+    kustomization, which the base does not include."""
+    base = load_yaml(K8S / "kustomization.yaml")
+    assert not any(
+        "monitoring" in entry for key in ("resources", "components") for entry in base.get(key, [])
+    )
+    kustomization = load_yaml(MONITORING / "kustomization.yaml")
+    assert set(kustomization["resources"]) == {p.name for p in MONITORING.glob("*.yaml")} - {
+        "kustomization.yaml"
+    }
+    docs = monitoring_documents()
+    assert sorted(d["kind"] for d in docs) == ["PrometheusRule", "ServiceMonitor"]
+    for doc in docs:
+        assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+        assert "namespace" not in doc["metadata"], "manifests are namespace-less"
+
+
+def test_k8s_service_monitor_scrapes_the_metrics_service() -> None:
+    monitor = k8s("ServiceMonitor")
+    service_ = k8s("Service")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service_["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service_["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert monitor["spec"]["jobLabel"] in service_["metadata"]["labels"]
+
+
 def test_k8s_deployment_probes_and_wiring() -> None:
     deployment = k8s("Deployment")
     pod = deployment["spec"]["template"]
@@ -327,10 +544,25 @@ def test_k8s_deployment_probes_and_wiring() -> None:
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     (container,) = pod["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    paths = {}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         http = container[probe]["httpGet"]
-        assert http["path"] == "/metrics"
+        paths[probe] = http["path"]
         assert ports.get(http["port"], http["port"]) == DEFAULTS.metrics_port, probe
+    # Restart on a hung worker (/healthz), route and roll out on a ready one (/readyz). The
+    # startup probe only holds off liveness: it asks /healthz, since a replica left without
+    # partitions is alive but never ready.
+    assert paths == {
+        "startupProbe": "/healthz",
+        "readinessProbe": "/readyz",
+        "livenessProbe": "/healthz",
+    }
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120, (
+        "model load and Kafka retries get minutes before liveness counts"
+    )
+    liveness = container["livenessProbe"]
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 60
     (env_from,) = container["envFrom"]
     assert k8s("ConfigMap", env_from["configMapRef"]["name"])
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}

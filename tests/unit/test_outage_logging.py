@@ -4,6 +4,7 @@ logged once each."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import subprocess
@@ -14,7 +15,7 @@ import time
 import pytest
 
 from worker.dev.process import free_loopback_port
-from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
+from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline, unconfirmed_commits
 from worker.logs import RepeatCollapser
 from worker.stream.connectivity import BrokerHealth
 from worker.stream.observer import MetricsObserver
@@ -107,7 +108,7 @@ def test_a_single_error_after_quiet_interval_is_logged_plainly(collapsed) -> Non
 def test_broker_health_logs_each_state_change_once_and_times_grow(caplog) -> None:
     clock = Clock()
     health = BrokerHealth(clock=clock, wall_clock=lambda: 1_790_000_000.0)
-    observer = MetricsObserver(health=health)
+    observer = MetricsObserver(broker=health)
     caplog.set_level(logging.INFO, logger="worker.stream.connectivity")
     assert health.reachable_value() == 1.0
     clock.now += 3
@@ -136,8 +137,8 @@ def test_connectivity_gauges_read_the_health_at_scrape_time() -> None:
     from prometheus_client import REGISTRY
 
     clock = Clock()
-    observer = MetricsObserver(health=BrokerHealth(clock=clock))
-    observer.watch_broker()
+    observer = MetricsObserver(broker=BrokerHealth(clock=clock))
+    observer.watch()
     observer.broker_unreachable("refused")
     clock.now += 42
     assert REGISTRY.get_sample_value("kp_broker_reachable") == 0.0
@@ -179,3 +180,21 @@ def test_replay_with_an_unreachable_broker_fails_in_one_line() -> None:
     )
     assert done.returncode == 1
     assert "Kafka unreachable at" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_stop_is_clean_only_when_every_published_offset_is_confirmed_committed() -> None:
+    finished = {("in", 0): 10, ("in", 1): 5, ("in", 2): 7}
+    committed = {("in", 0): 10, ("in", 1): 4, ("in", 2): None}
+
+    async def from_broker(topic: str, partition: int) -> int | None:
+        return committed[(topic, partition)]
+
+    async def unreachable(topic: str, partition: int) -> int | None:
+        await asyncio.sleep(60)
+        return None
+
+    assert asyncio.run(unconfirmed_commits(finished, from_broker, 1.0)) == [("in", 1), ("in", 2)]
+    assert asyncio.run(unconfirmed_commits({("in", 0): 10}, from_broker, 1.0)) == []
+    started = time.monotonic()
+    assert asyncio.run(unconfirmed_commits(finished, unreachable, 0.2)) == sorted(finished)
+    assert time.monotonic() - started < 2, "an unreachable broker costs the timeout, no more"

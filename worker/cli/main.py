@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -23,34 +25,68 @@ from rich.progress import (
 
 from worker import __version__
 from worker.logs import configure_logging
-from worker.settings import Settings, SettingsError, load_settings
+from worker.settings import Settings, SettingsError, by_variable, load_settings, unknown_variables
 
 if TYPE_CHECKING:
     from worker.core.rescoring import Rescorer, RescoreSummary
 
-err_console = Console(stderr=True)
+# Error lines stay whole (not wrapped at 80 columns) when stderr goes to a file or a log.
+err_console = Console(stderr=True, soft_wrap=True)
+log = logging.getLogger("worker.cli")
 T = TypeVar("T")
 
+# Flags that override a setting: argparse destination -> (flag, setting).
+SETTING_FLAGS = {
+    "profiles": ("--profiles", "profiles_file"),
+    "threshold": ("--threshold", "accept_threshold"),
+}
+# `score --fail-on-error` when a line was dead-lettered.
+EXIT_DEAD_LETTERS = 1
+# Whoever read our stdout stopped (`| head`): what a shell reports for a filter ended by SIGPIPE.
+EXIT_BROKEN_PIPE = 128 + 13
 
-def _settings(**overrides: object) -> Settings:
+
+def _checked_settings(args: argparse.Namespace | None = None) -> Settings:
+    """Settings (with the command's flags over the environment) plus the weight profiles they
+    name, validated before anything starts; an error names the flag or variable it came from."""
+    from worker.core.scoring import ProfileError, load_profiles
+
+    overrides: dict[str, object] = {}
+    flags: dict[str, str] = {}
+    for dest, (flag, field) in SETTING_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            overrides[field], flags[field] = value, flag
     try:
-        return load_settings(**overrides)
+        settings = load_settings(flags, **overrides)
     except SettingsError as exc:
         err_console.print(f"[red]kp-scorer: {exc}[/red]")
         raise SystemExit(2) from None
-
-
-def _checked_settings(**overrides: object) -> Settings:
-    """Settings plus the weight profiles they name, validated before anything starts."""
-    from worker.core.scoring import ProfileError, load_profiles
-
-    settings = _settings(**{k: v for k, v in overrides.items() if v is not None})
     try:
         load_profiles(settings.profiles_file)
     except ProfileError as exc:
-        err_console.print(f"[red]kp-scorer: KP_PROFILES_FILE: {exc}[/red]")
+        where = flags.get("profiles_file", "KP_PROFILES_FILE")
+        err_console.print(f"[red]kp-scorer: {where}: {exc}[/red]")
         raise SystemExit(2) from None
     return settings
+
+
+def _warn_unknown_variables(as_log: bool = False) -> None:
+    """One warning per ``KP_*`` variable that no setting reads (a typo is otherwise silent):
+    a JSON log line from the worker, whose output is all JSON; a plain line elsewhere."""
+    for name, close in unknown_variables(os.environ):
+        hint = f" (did you mean {close}?)" if close else ""
+        if as_log:
+            log.warning(
+                f"unknown environment variable {name} ignored{hint}",
+                extra={"variable": name, "did_you_mean": close},
+            )
+        else:
+            err_console.print(
+                f"[yellow]kp-scorer: unknown environment variable {name} ignored{hint}[/]",
+                soft_wrap=True,
+                highlight=False,
+            )
 
 
 def _read_lines_with_progress(
@@ -102,7 +138,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from worker.cli.score import LineRecords, score_lines
     from worker.core.scorer import build_scorer
 
-    settings = _checked_settings(profiles_file=args.profiles, accept_threshold=args.threshold)
+    settings = _checked_settings(args)
     configure_logging(settings.log_level, settings.log_repeat_interval_seconds)
     scorer = build_scorer(settings, use_embedder=not args.no_embedder)
     if scorer.embedder is None and not args.no_embedder:
@@ -121,12 +157,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     if result is None:
         return 2
     summary, _ = result
-    scores = summary.scores
-    mean = sum(scores) / len(scores) if scores else float("nan")
-    counts = ", ".join(f"{k}={v}" for k, v in summary.counts.items())
-    err_console.print(
-        f"scored {sum(summary.counts.values())} lines: {counts}; mean score {mean:.4f}"
-    )
+    err_console.print(summary.describe())
+    if args.fail_on_error and summary.dead_letters:
+        return EXIT_DEAD_LETTERS
     return 0
 
 
@@ -138,12 +171,14 @@ def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
     """Run the stream worker through Faust's own CLI (its flags pass through)."""
     settings = _checked_settings()
     configure_logging(settings.log_level, settings.log_repeat_interval_seconds)
+    _warn_unknown_variables(as_log=True)
     from worker.io.app import create_app
 
     app = create_app(settings)
     if not any(arg.startswith(("--loglevel", "-l")) for arg in faust_args):
         faust_args = ["--loglevel", FAUST_LOG_LEVELS[settings.log_level], *faust_args]
-    sys.argv = ["kp-scorer", "worker", "--without-web", *faust_args]
+    # --quiet: no startup banner on stdout; the worker writes JSON log lines only.
+    sys.argv = ["kp-scorer", "--quiet", "worker", "--without-web", *faust_args]
     app.main()
     return 0
 
@@ -215,11 +250,18 @@ def _with_record_progress(
             err_console.print(f"[red]kp-scorer: {exc}[/red]")
             return 2
         except (KafkaError, OSError) as exc:
+            reason = str(exc)
+            if not reason.startswith(type(exc).__name__):  # aiokafka's errors name themselves
+                reason = f"{type(exc).__name__}: {reason}"
             err_console.print(
                 f"[red]kp-scorer: Kafka unreachable at {settings.kafka_bootstrap_servers}: "
-                f"{type(exc).__name__}: {exc}[/red]"
+                f"{reason}[/red]"
             )
             return 1
+        except KeyboardInterrupt:
+            done = int(progress.tasks[0].completed)
+            err_console.print(f"[red]kp-scorer: interrupted after {done} records[/red]")
+            return 130
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -228,7 +270,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from worker.cli.replay import ReplayRange, run_replay
     from worker.core.scorer import build_scorer
 
-    settings = _checked_settings(profiles_file=args.profiles, accept_threshold=args.threshold)
+    settings = _checked_settings(args)
     configure_logging(
         "WARNING" if settings.log_level == "INFO" else settings.log_level,
         settings.log_repeat_interval_seconds,
@@ -305,7 +347,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     if not args.from_topics and used:
         err_console.print(f"[red]kp-scorer: {', '.join(used)} need --from-topics[/red]")
         return 2
-    settings = _checked_settings(profiles_file=args.profiles, accept_threshold=args.threshold)
+    settings = _checked_settings(args)
     configure_logging(
         "WARNING" if settings.log_level == "INFO" else settings.log_level,
         settings.log_repeat_interval_seconds,
@@ -398,9 +440,17 @@ def _rescore_topics(
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
+    import orjson
+
     settings = _checked_settings()  # a broken profiles file is a broken configuration too
-    for name, value in settings.masked().items():
-        print(f"{name} = {value}")
+    values = by_variable(settings)
+    if args.json:
+        sys.stdout.write(orjson.dumps(values, default=str, option=orjson.OPT_INDENT_2).decode())
+        sys.stdout.write("\n")
+    else:
+        for name, value in values.items():
+            print(f"{name} = {value}")
+    sys.stdout.flush()
     return 0
 
 
@@ -420,6 +470,12 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--profiles", type=Path, help="weight profiles JSON file")
     score.add_argument("--threshold", type=float, help="accept threshold")
     score.add_argument("--quiet", action="store_true", help="no progress bar")
+    score.add_argument(
+        "--fail-on-error",
+        action="store_true",
+        help=f"exit {EXIT_DEAD_LETTERS} if any line could not be scored (every line is "
+        "still written); without it such lines leave the exit code 0",
+    )
     score.set_defaults(func=cmd_score)
 
     worker = commands.add_parser(
@@ -504,17 +560,37 @@ def build_parser() -> argparse.ArgumentParser:
     rescore.add_argument("--quiet", action="store_true", help="no progress bar")
     rescore.set_defaults(func=cmd_rescore)
 
-    show = commands.add_parser("settings", help="print the effective settings (secrets masked)")
+    show = commands.add_parser(
+        "settings", help="print the effective settings by variable name (secrets masked)"
+    )
+    show.add_argument("--json", action="store_true", help="one JSON object keyed by variable")
     show.set_defaults(func=cmd_settings)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, extra = build_parser().parse_known_args(argv)
-    if extra and not getattr(args, "passthrough", False):
+    passthrough = getattr(args, "passthrough", False)
+    if extra and not passthrough:
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
+    if not passthrough:  # the worker warns in its own JSON log, once logging is set up
+        _warn_unknown_variables()
     try:
-        result = args.func(args, extra) if getattr(args, "passthrough", False) else args.func(args)
+        result = args.func(args, extra) if passthrough else args.func(args)
     except SystemExit as exc:  # start-up checks stop with a message and a code
         return exc.code if isinstance(exc.code, int) else 1
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
     return int(result or 0)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null once its reader has gone (``| head``), so that the flush at
+    interpreter exit does not fail a second time with an "Exception ignored" message."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file (tests capture it): nothing to flush
+        pass

@@ -21,7 +21,12 @@ import orjson
 from worker.core.output import output_topics, prefixed_topics
 from worker.core.records import Decision, RoutedRecord
 from worker.core.scorer import Scorer
-from worker.io.kafka import PartitionLogReader, Publisher, create_topics
+from worker.io.kafka import (
+    COMMAND_GIVE_UP_SECONDS,
+    PartitionLogReader,
+    Publisher,
+    create_topics,
+)
 from worker.settings import Settings
 from worker.stream.processor import StreamScorer
 
@@ -125,7 +130,7 @@ async def replay(
     topics = prefixed_topics(output_prefix)
     iterate = PartitionLogReader(settings)
     lookup = PartitionLogReader(settings)
-    publisher = Publisher(settings, topics)
+    publisher = Publisher(settings, topics, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     summary = ReplaySummary()
     await iterate.start()
     await lookup.start()

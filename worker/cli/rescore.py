@@ -146,7 +146,12 @@ async def rescore_topics(
     """Re-score ranges of the output topics; optionally publish to ``PREFIX.*`` and/or write
     JSONL. Unrescorable records are counted and written to ``out``, never published."""
     from worker.core.output import output_topics, prefixed_topics
-    from worker.io.kafka import PartitionLogReader, Publisher, create_topics
+    from worker.io.kafka import (
+        COMMAND_GIVE_UP_SECONDS,
+        PartitionLogReader,
+        Publisher,
+        create_topics,
+    )
 
     reader = PartitionLogReader(settings)
     publisher: Publisher | None = None
@@ -183,7 +188,7 @@ async def rescore_topics(
                     "a live topic"
                 )
             await create_topics(settings, list(topics.values()), widest)
-            publisher = Publisher(settings, topics)
+            publisher = Publisher(settings, topics, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
             await publisher.start()
         total = None
         if scope.to_offset is not None:

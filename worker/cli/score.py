@@ -33,6 +33,18 @@ class OfflineSummary:
         if routed.breakdown is not None:
             self.scores.append(routed.breakdown.score)
 
+    @property
+    def dead_letters(self) -> int:
+        return self.counts[Decision.DEAD_LETTER.value]
+
+    def describe(self) -> str:
+        """The closing line on stderr. A file with no scored line (empty, or only errors) has
+        no mean score: it says so rather than print ``nan``."""
+        decisions = ", ".join(f"{k}={v}" for k, v in self.counts.items())
+        scores = self.scores
+        mean = f"mean score {sum(scores) / len(scores):.4f}" if scores else "no scored lines"
+        return f"scored {sum(self.counts.values())} lines: {decisions}; {mean}"
+
 
 def _lookup(document: Any, dotted: str) -> Any:
     for part in dotted.split("."):

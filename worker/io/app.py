@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import aiokafka
 import faust
@@ -22,15 +23,17 @@ from aiokafka.errors import KafkaError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, TransportT
 
+from worker import __version__
 from worker.core.output import output_topics
 from worker.core.records import SourceRecord
 from worker.core.scorer import build_scorer
+from worker.io import http
 from worker.io.kafka import PartitionLogReader, Publisher, ensure_topics
-from worker.io.shutdown import ShutdownDeadline
+from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline, unconfirmed_commits
 from worker.logs import logging_config
 from worker.retry import backoff
 from worker.settings import Settings, load_settings
-from worker.stream import metrics
+from worker.stream.health import LOOP_TICK_SECONDS
 from worker.stream.observer import MetricsObserver
 from worker.stream.processor import StreamScorer
 
@@ -40,6 +43,8 @@ STARTUP_BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
 # The connectivity probe: the input topic's end offsets, asked for this often, this patiently.
 PROBE_INTERVAL_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 3.0
+# At a stop: how long to ask the broker whether every published record's offset is committed.
+COMMIT_CHECK_SECONDS = 3.0
 
 
 def _credentials(settings: Settings) -> Any:
@@ -92,13 +97,26 @@ class ScorerWorker(faust.Worker):
     graceful stop and a ``KP_SHUTDOWN_TIMEOUT_SECONDS`` countdown that ends the process if the
     stop hangs (e.g. on a commit to an unreachable broker); a second signal exits at once."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # No terminal spinner: the worker writes JSON lines only, and faust's spinner draws on
+        # a terminal's stdout at log level WARNING and up (and lowers the root logger to DEBUG
+        # to animate itself on every record).
+        self.spinner = None
+
     def _schedule_shutdown(self, signal: Any) -> None:
         deadline: ShutdownDeadline = self.app.shutdown_deadline  # type: ignore[attr-defined]
         if deadline.started:
             deadline.now(f"second signal ({getattr(signal, 'name', signal)})")
             return
         deadline.start()
+        self.app.observer.health.stopping()  # type: ignore[attr-defined]
         super()._schedule_shutdown(signal)
+
+    def stop_and_shutdown(self) -> None:
+        super().stop_and_shutdown()
+        if self.app.left_uncommitted:  # type: ignore[attr-defined]
+            raise SystemExit(EXIT_DEADLINE)
 
 
 class ScorerApp(faust.App):
@@ -130,9 +148,15 @@ class ScorerApp(faust.App):
             Worker=ScorerWorker,
         )
         self.shutdown_deadline = ShutdownDeadline(settings.shutdown_timeout_seconds)
+        self.observer = MetricsObserver(
+            settings.latency_budget_seconds, stall_seconds=settings.health_stall_seconds
+        )
         self.stream_scorer: StreamScorer | None = None
+        self.left_uncommitted: list[tuple[str, int]] = []
         self._publisher: Publisher | None = None
         self._reader: PartitionLogReader | None = None
+        self._http: WSGIServer | None = None
+        self._ticker: asyncio.Future[None] | None = None
 
     def _new_transport(self) -> TransportT:
         return ScorerTransport(self.conf.broker_consumer, self, loop=self.loop)
@@ -140,11 +164,16 @@ class ScorerApp(faust.App):
     async def on_first_start(self) -> None:
         await super().on_first_start()
         settings = self.scorer_settings
+        observer = self.observer
+        observer.watch()
+        # Probes get answers from the start: alive while loading, ready once scoring can begin.
+        self._http = http.serve(settings.metrics_port, observer.health)
+        self._ticker = asyncio.ensure_future(_tick(observer))
         await _wait_for_kafka(settings)
         scorer = await asyncio.to_thread(build_scorer, settings)
-        observer = MetricsObserver(settings.latency_budget_seconds)
-        observer.embedder_loaded(scorer.model_id, scorer.embedder_reason)
-        observer.watch_broker()
+        observer.configured(
+            __version__, scorer.model_id, settings.accept_threshold, settings.domain_thresholds
+        )
         if scorer.embedder is None:
             log.warning(
                 "embedder unavailable; novelty is 0.5", extra={"reason": scorer.embedder_reason}
@@ -162,7 +191,7 @@ class ScorerApp(faust.App):
             on_failure=self._scoring_failed,
             observer=observer,
         )
-        metrics.serve(settings.metrics_port)
+        observer.embedder_loaded(scorer.model_id, scorer.embedder_reason)
         log.info(
             "scorer ready",
             extra={
@@ -170,6 +199,7 @@ class ScorerApp(faust.App):
                 "group_id": settings.group_id,
                 "model": scorer.model_id,
                 "metrics_port": settings.metrics_port,
+                "idempotent_publishing": self._publisher.idempotent,
             },
         )
 
@@ -179,14 +209,36 @@ class ScorerApp(faust.App):
         self.loop.create_task(self.crash(exc))
 
     async def on_shutdown(self) -> None:
+        self.observer.health.stopping()
         await super().on_shutdown()
         if self.stream_scorer is not None:
             await self.stream_scorer.stop()
         if self.stream_scorer is not None and self.stream_scorer.scorer.embedder is not None:
             self.stream_scorer.scorer.embedder.close()
+        if self._reader is not None:
+            self.left_uncommitted = await unconfirmed_commits(
+                self.observer.lag.finished_positions(), self._reader.committed, COMMIT_CHECK_SECONDS
+            )
+            if self.left_uncommitted:
+                log.warning(
+                    "stopped with published records whose offsets are not committed; they will "
+                    "be redelivered",
+                    extra={"partitions": self.left_uncommitted, "exit_code": EXIT_DEADLINE},
+                )
         for client in (self._reader, self._publisher):
             if client is not None:
                 await client.stop()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        if self._http is not None:
+            self._http.shutdown()
+
+
+async def _tick(observer: MetricsObserver) -> None:
+    """Stamp the event loop's liveness for /healthz (read from the HTTP thread)."""
+    while True:
+        observer.health.loop_ticked()
+        await asyncio.sleep(LOOP_TICK_SECONDS)
 
 
 async def _wait_for_kafka(settings: Settings) -> None:
@@ -241,7 +293,7 @@ def create_app(settings: Settings | None = None) -> ScorerApp:
         async for event in manual.events():
             assert app.stream_scorer is not None
             message = event.message
-            app.stream_scorer.observer.broker_fetched()
+            app.observer.broker_fetched()
             await app.stream_scorer.submit(
                 [_source_record(message)],
                 [message.time_in or time.monotonic()],
@@ -249,9 +301,7 @@ def create_app(settings: Settings | None = None) -> ScorerApp:
             )
             highwater = app.consumer.highwater(message.tp)
             if highwater is not None:
-                app.stream_scorer.observer.records_behind(
-                    (message.topic, message.partition), max(0, highwater - message.offset - 1)
-                )
+                app.observer.log_ends({(message.topic, message.partition): highwater})
 
     async def on_assigned(sender: Any, assigned: set[TP], **_: Any) -> None:
         now_assigned = sorted((tp.topic, tp.partition) for tp in assigned)
@@ -266,13 +316,14 @@ def create_app(settings: Settings | None = None) -> ScorerApp:
         """Connectivity for logs and metrics, also while no records arrive."""
         if app.stream_scorer is None or app._reader is None:
             return
-        observer = app.stream_scorer.observer
+        observer = app.observer
         try:
-            await app._reader.probe(settings.input_topic, PROBE_TIMEOUT_SECONDS)
+            ends = await app._reader.probe(settings.input_topic, PROBE_TIMEOUT_SECONDS)
         except (TimeoutError, KafkaError, OSError) as exc:
             observer.broker_unreachable(exc)
         else:
             observer.broker_fetched()
+            observer.log_ends(ends)
 
     return app
 

@@ -9,16 +9,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
     KafkaError,
     MessageSizeTooLargeError,
     RecordTooLargeError,
     TopicAlreadyExistsError,
+    UnknownError,
+    UnsupportedVersionError,
 )
 
 from worker.core.output import output_topics, without_value
@@ -30,8 +34,31 @@ from worker.stream.observer import MetricsObserver
 log = logging.getLogger(__name__)
 
 PUBLISH_RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0)
+STOP_TIMEOUT_SECONDS = 5.0
+# What a broker answers a request for a producer id when it grants none.
+NO_PRODUCER_IDS = (UnknownError, UnsupportedVersionError, ClusterAuthorizationFailedError)
 FETCH_TIMEOUT_MS = 1000
 MAX_IDLE_FETCHES = 30
+# Commands run by hand (replay, rescore) give up on an unreachable broker after this long,
+# reading (MAX_IDLE_FETCHES empty fetches) and publishing alike; the worker never does.
+COMMAND_GIVE_UP_SECONDS = MAX_IDLE_FETCHES * FETCH_TIMEOUT_MS / 1000
+
+
+async def _stop_client(
+    client: AIOKafkaConsumer | AIOKafkaProducer, name: str, timeout: float = STOP_TIMEOUT_SECONDS
+) -> None:
+    """Stop a client without hanging on, or masking the error that ended the work with, a
+    broker that is gone: aiokafka's stop then waits on it, or lets its fetch task's
+    cancellation escape. Whatever was not delivered was not acknowledged either."""
+    try:
+        await asyncio.wait_for(client.stop(), timeout)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # our own cancellation, not the client's
+        log.warning("%s stopped with its requests cancelled", name)
+    except (TimeoutError, KafkaError, OSError) as exc:
+        log.warning("%s did not stop cleanly", name, extra={"error": repr(exc)[:300]})
 
 
 def client_config(settings: Settings) -> dict[str, Any]:
@@ -178,8 +205,8 @@ class PartitionLogReader:
 
     async def stop(self) -> None:
         if self._started:
-            await self._consumer.stop()
             self._started = False
+            await _stop_client(self._consumer, "log reader")
 
     async def committed(self, topic: str, partition: int) -> int | None:
         """The group's committed offset (needs the reader to be built with that group id)."""
@@ -192,16 +219,17 @@ class PartitionLogReader:
     async def partitions(self, topic: str) -> list[int]:
         return await topic_partitions(self._settings, topic)
 
-    async def probe(self, topic: str, timeout: float) -> None:
-        """Ask the broker for the topic's end offsets (the leaders a fetch reads from), within
-        ``timeout`` seconds; raises if it cannot answer."""
+    async def probe(self, topic: str, timeout: float) -> dict[tuple[str, int], int]:
+        """The topic's end offsets per partition (asked of the leaders a fetch reads from),
+        within ``timeout`` seconds; raises if the broker cannot answer."""
 
-        async def ask() -> None:
+        async def ask() -> dict[tuple[str, int], int]:
             await self._consumer.topics()  # refreshes metadata
             partitions = self._consumer.partitions_for_topic(topic) or ()
-            await self._consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+            ends = await self._consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+            return {(tp.topic, tp.partition): end for tp, end in ends.items()}
 
-        await asyncio.wait_for(ask(), timeout)
+        return await asyncio.wait_for(ask(), timeout)
 
     async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """First offset whose timestamp is >= timestamp_ms, or None if there is none."""
@@ -272,29 +300,55 @@ class Publisher:
         settings: Settings,
         topics: dict[Decision, str] | None = None,
         observer: MetricsObserver | None = None,
+        give_up_after_seconds: float | None = None,
     ) -> None:
+        """``give_up_after_seconds``: raise once publishing has failed for that long (a
+        command run by hand); None retries for as long as it takes (the worker)."""
+        self._give_up_after = give_up_after_seconds
         self._topics = topics or output_topics(settings)
         self._observer = observer or MetricsObserver()
-        self._producer = AIOKafkaProducer(
-            **client_config(settings),
-            acks="all",
-            linger_ms=2,
-            max_batch_size=262_144,
-            max_request_size=settings.output_record_limit,
-            request_timeout_ms=30_000,
-        )
+        self._settings = settings
         self._max_output_bytes = settings.max_output_bytes
-
+        self.idempotent = settings.producer_idempotence != "off"
+        self._producer = self._new_producer()
         self._started = False
 
+    def _new_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            **client_config(self._settings),
+            acks="all",
+            enable_idempotence=self.idempotent,
+            linger_ms=2,
+            max_batch_size=262_144,
+            max_request_size=self._settings.output_record_limit,
+            request_timeout_ms=30_000,
+        )
+
     async def start(self) -> None:
-        await self._producer.start()
+        """Start; with ``KP_PRODUCER_IDEMPOTENCE=auto`` a broker that grants no producer id
+        gets a plain producer (one warning), with ``on`` it is an error."""
+        try:
+            await self._producer.start()
+        except NO_PRODUCER_IDS as exc:
+            await self._producer.stop()
+            if self._settings.producer_idempotence == "on":
+                raise KafkaError(
+                    "KP_PRODUCER_IDEMPOTENCE=on but the broker refused a producer id "
+                    f"({type(exc).__name__}); set it to auto or off for this broker"
+                ) from exc
+            log.warning(
+                "publishing without idempotence: the broker grants no producer ids",
+                extra={"error": type(exc).__name__},
+            )
+            self.idempotent = False
+            self._producer = self._new_producer()
+            await self._producer.start()
         self._started = True
 
     async def stop(self) -> None:
         if self._started:
-            await self._producer.stop()
             self._started = False
+            await _stop_client(self._producer, "publisher")
 
     def topic_for(self, decision: Decision) -> str:
         return self._topics[decision]
@@ -318,6 +372,7 @@ class Publisher:
         """
         pending = list(routed)
         delays = backoff(PUBLISH_RETRY_SECONDS)
+        failing_since: float | None = None
         while pending:
             futures = [await self._send(record) for record in pending]
             results = await asyncio.gather(*futures, return_exceptions=True)
@@ -333,6 +388,15 @@ class Publisher:
                 return
             self._observer.publish_retried()
             errors = {type(res).__name__ for res in results if isinstance(res, BaseException)}
+            failing_since = failing_since or time.monotonic()
+            gave_up = self._give_up_after is not None and (
+                time.monotonic() - failing_since >= self._give_up_after
+            )
+            if gave_up:
+                raise KafkaError(
+                    f"the broker acknowledged no output for {self._give_up_after:.0f} s "
+                    f"({', '.join(sorted(errors))})"
+                )
             delay = next(delays)
             log.warning(
                 "publish failed, retrying",

@@ -7,7 +7,13 @@ Latency buckets are dense around the 100 ms budget with a boundary exactly at 0.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
+from collections.abc import Callable, Iterable
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from worker.stream.lag import Lag
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
 # Time in the topic comes on top for end-to-end latency: a backlog can be minutes old.
@@ -67,16 +73,6 @@ cache_entries = Gauge(
 )
 embedder_up = Gauge("kp_embedder_up", "1 when the embedding model is loaded, 0 when novelty is 0.5")
 embedder_info = Info("kp_embedder", "Embedding model in use, or why there is none")
-consumer_lag_records = Gauge(
-    "kp_consumer_lag_records",
-    "Records behind the partition's high watermark",
-    ["topic", "partition"],
-)
-consumer_lag_seconds = Gauge(
-    "kp_consumer_lag_seconds",
-    "Now minus the timestamp of the partition's last processed record",
-    ["topic", "partition"],
-)
 in_flight = Gauge("kp_records_in_flight", "Records received and not yet acknowledged downstream")
 cache_rebuild_seconds = Histogram(
     "kp_cache_rebuild_seconds",
@@ -106,8 +102,46 @@ seconds_since_last_publish = Gauge(
     "Seconds since the broker last acknowledged outputs (grows while idle, too)",
 )
 
+build_info = Info("kp_build", "The worker's version and embedding model (value always 1)")
+accept_threshold = Gauge("kp_accept_threshold", "Configured default accept threshold")
+domain_accept_threshold = Gauge(
+    "kp_domain_accept_threshold", "Configured accept threshold of one task domain", ["domain"]
+)
+latency_budget = Gauge(
+    "kp_latency_budget_seconds", "Configured per-trace latency budget (kp_budget_breaches_total)"
+)
 
-def serve(port: int) -> None:
-    """Serve /metrics over HTTP in a background thread (port 0 = disabled)."""
-    if port:
-        start_http_server(port)
+
+class _LagCollector(Collector):
+    """kp_consumer_lag_records/_seconds, computed when scraped from the current source."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], list[Lag]] | None = None
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return list(self._families())
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        return list(self._families(self.source() if self.source else ()))
+
+    @staticmethod
+    def _families(lags: Iterable[Lag] = ()) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        records = GaugeMetricFamily(
+            "kp_consumer_lag_records",
+            "Records between an owned partition's next record to score and the log's end",
+            labels=["topic", "partition"],
+        )
+        seconds = GaugeMetricFamily(
+            "kp_consumer_lag_seconds",
+            "How long an owned partition has been behind: now minus the newer of its last "
+            "scored record's timestamp and the last moment it was caught up; 0 when caught up",
+            labels=["topic", "partition"],
+        )
+        for lag in lags:
+            records.add_metric([lag.topic, str(lag.partition)], lag.records)
+            seconds.add_metric([lag.topic, str(lag.partition)], lag.seconds)
+        return records, seconds
+
+
+consumer_lag = _LagCollector()
+REGISTRY.register(consumer_lag)

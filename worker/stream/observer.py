@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from worker.core.records import Decision, RoutedRecord
 from worker.stream import metrics
 from worker.stream.connectivity import BrokerHealth
+from worker.stream.health import WorkerHealth
+from worker.stream.lag import PartitionLag
 
 TopicPartition = tuple[str, int]
 
@@ -18,37 +20,72 @@ class MetricsObserver:
     """Turns the worker's events into Prometheus metrics."""
 
     def __init__(
-        self, latency_budget_seconds: float = 0.1, health: BrokerHealth | None = None
+        self,
+        latency_budget_seconds: float = 0.1,
+        broker: BrokerHealth | None = None,
+        stall_seconds: float = 60.0,
     ) -> None:
         self.latency_budget_seconds = latency_budget_seconds
-        self.health = health or BrokerHealth()
+        self.broker = broker or BrokerHealth()
+        self.lag = PartitionLag()
+        self.health = WorkerHealth(stall_seconds, records_waiting=self.lag.records_waiting)
 
-    def watch_broker(self) -> None:
-        """Make the connectivity gauges read this observer's broker health (at scrape time)."""
-        metrics.broker_reachable.set_function(self.health.reachable_value)
-        metrics.seconds_since_last_fetch.set_function(self.health.seconds_since_fetch)
-        metrics.seconds_since_last_publish.set_function(self.health.seconds_since_publish)
+    def watch(self) -> None:
+        """Make the scrape-time metrics (connectivity, lag) read this observer's state."""
+        metrics.broker_reachable.set_function(self.broker.reachable_value)
+        metrics.seconds_since_last_fetch.set_function(self.broker.seconds_since_fetch)
+        metrics.seconds_since_last_publish.set_function(self.broker.seconds_since_publish)
+        metrics.consumer_lag.source = self.lag.snapshot
+
+    def configured(
+        self,
+        version: str,
+        model_id: str | None,
+        accept_threshold: float,
+        domain_thresholds: dict[str, float],
+    ) -> None:
+        """What dashboards and alerts compare against: the configured thresholds and budget."""
+        metrics.build_info.info({"version": version, "model": model_id or ""})
+        metrics.accept_threshold.set(accept_threshold)
+        for domain, threshold in domain_thresholds.items():
+            metrics.domain_accept_threshold.labels(domain).set(threshold)
+        metrics.latency_budget.set(self.latency_budget_seconds)
 
     def broker_fetched(self) -> None:
-        self.health.fetched()
+        self.broker.fetched()
 
     def broker_published(self) -> None:
-        self.health.published()
+        self.broker.published()
 
     def broker_unreachable(self, error: BaseException | str) -> None:
-        self.health.unreachable(error)
+        self.broker.unreachable(error)
 
     def embedder_loaded(self, model_id: str | None, reason: str | None) -> None:
         metrics.embedder_up.set(1 if model_id else 0)
         metrics.embedder_info.info({"model": model_id or "", "reason": reason or ""})
+        self.health.scorer_ready(model_id, reason)
+
+    def partitions_assigned(self, partitions: Sequence[TopicPartition]) -> None:
+        self.lag.assigned(partitions)
+        self.health.assignment_received()
+
+    def partition_started(self, tp: TopicPartition, position: int) -> None:
+        """Scoring of ``tp`` starts at ``position``; lag is counted from there."""
+        self.lag.started(tp, position)
+
+    def log_ends(self, ends: dict[TopicPartition, int]) -> None:
+        """The log's end offsets, from a fetch or a probe."""
+        self.lag.log_ends(ends)
 
     def record_entered(self, depth: int) -> None:
         """A record entered the pipeline, which now holds ``depth`` records."""
         metrics.in_flight.inc()
         metrics.batch_size.observe(depth)
+        self.health.record_taken()
 
     def record_left(self) -> None:
         metrics.in_flight.dec()
+        self.health.record_finished()
 
     def record_published(
         self,
@@ -65,10 +102,11 @@ class MetricsObserver:
         metrics.trace_latency.observe(latency_seconds)
         if latency_seconds > self.latency_budget_seconds:
             metrics.budget_breaches.inc()
-        topic, partition = routed.source.topic, str(routed.source.partition)
+        source = routed.source
+        topic, partition = source.topic, str(source.partition)
+        self.lag.finished(source.topic_partition, source.offset, source.timestamp_ms)
         if age_seconds is not None:
             metrics.end_to_end_latency.observe(age_seconds)
-            metrics.consumer_lag_seconds.labels(topic, partition).set(age_seconds)
         if reused_vector:
             metrics.embeddings_reused.inc()
         if cache_size is not None:
@@ -91,14 +129,16 @@ class MetricsObserver:
                 metrics.dimensions.labels(name).observe(value)
 
     def partition_forgotten(self, tp: TopicPartition) -> None:
-        """A partition this worker lost stops being reported."""
-        for gauge in (
-            metrics.cache_entries,
-            metrics.consumer_lag_records,
-            metrics.consumer_lag_seconds,
-        ):
-            with contextlib.suppress(KeyError):
-                gauge.remove(tp[0], str(tp[1]))
+        """A partition forgotten (lost, or failed) stops being reported until scored again."""
+        self.lag.forget(tp)
+        with contextlib.suppress(KeyError):
+            metrics.cache_entries.remove(tp[0], str(tp[1]))
+
+    def rebuild_started(self) -> None:
+        self.health.rebuild_started()
+
+    def rebuild_finished(self) -> None:
+        self.health.rebuild_finished()
 
     def cache_rebuilt(self, seconds: float, records: int) -> None:
         metrics.cache_rebuild_seconds.observe(seconds)
@@ -109,6 +149,3 @@ class MetricsObserver:
 
     def publish_retried(self) -> None:
         metrics.publish_retries.inc()
-
-    def records_behind(self, tp: TopicPartition, records: int) -> None:
-        metrics.consumer_lag_records.labels(tp[0], str(tp[1])).set(records)

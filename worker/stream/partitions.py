@@ -72,6 +72,7 @@ class Partitions:
         self.forget(sorted(self._assigned - now))
         gained = sorted(now - self._assigned)
         self._assigned = now
+        self.observer.partitions_assigned(sorted(now))
         return gained
 
     def owned(self) -> list[TopicPartition]:
@@ -162,8 +163,13 @@ class Partitions:
         self._epochs[tp] += 1
         self._last_scored.pop(tp, None)
         self.scorer.caches.drop(tp)
-        await self.rebuild_cache(tp, start)
+        self.observer.rebuild_started()
+        try:
+            await self.rebuild_cache(tp, start)
+        finally:
+            self.observer.rebuild_finished()
         self._next_offset[tp] = start
+        self.observer.partition_started(tp, start)
 
     async def rebuild_cache(self, tp: TopicPartition, before: int) -> int:
         """Fill tp's cache from the records preceding ``before``, exactly as live scoring did.

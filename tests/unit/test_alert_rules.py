@@ -1,0 +1,197 @@
+"""The alert rules, checked by Prometheus's own promtool: prometheus.yml and alerts.yml load,
+and the rule tests in tests/unit/promtool/ (input series -> the alerts that fire at given
+times, with their rendered annotations) pass. Without promtool: every alert has a test in
+which it fires and one in which it does not, and the PrometheusRule for the Prometheus
+Operator carries exactly the groups of alerts.yml.
+
+Where promtool comes from, first found: the PROMTOOL environment variable (a path), the PATH,
+a copy cached by an earlier run, or Debian's ``prometheus`` package, which ships it (Apache-2.0;
+no PyPI package does): ``apt-get download`` fetches the package and promtool alone is
+extracted into the user cache, nothing is installed. Where none of these works, the promtool
+tests are skipped and say why.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.deploy_files import (
+    ALERTS,
+    PROMETHEUS,
+    PROMETHEUS_RULE,
+    PROMTOOL_TESTS,
+    alert_rules,
+    k8s,
+    load_yaml,
+)
+
+DEBIAN_PACKAGE = "prometheus"
+PROMTOOL_IN_PACKAGE = "./usr/bin/promtool"
+PROMTOOL_CACHE = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kp-scorer" / "promtool"
+)
+RULE_TESTS = sorted(PROMTOOL_TESTS.glob("*_test.yml"))
+
+
+# -- promtool -------------------------------------------------------------------------------
+def runs(promtool: Path) -> bool:
+    try:
+        result = subprocess.run(
+            [str(promtool), "--version"], capture_output=True, timeout=30, check=False
+        )
+    except OSError:
+        return False
+    return result.returncode == 0
+
+
+def apt_get(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["apt-get", "-q", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def download_debian_package(directory: Path) -> Path:
+    """The .deb of Debian's prometheus package, in ``directory``; refreshes the package
+    lists once (as root) when they do not know the package yet."""
+    result = apt_get("download", DEBIAN_PACKAGE, cwd=directory, timeout=180)
+    if result.returncode != 0 and os.geteuid() == 0:
+        update = apt_get("update", cwd=directory, timeout=180)
+        if update.returncode == 0:
+            result = apt_get("download", DEBIAN_PACKAGE, cwd=directory, timeout=180)
+    debs = sorted(directory.glob(f"{DEBIAN_PACKAGE}_*.deb"))
+    if result.returncode != 0 or not debs:
+        raise RuntimeError(f"apt-get download {DEBIAN_PACKAGE} failed: {result.stderr.strip()}")
+    return debs[0]
+
+
+def extract_promtool(deb: Path, target: Path) -> None:
+    """Copy usr/bin/promtool out of a .deb (streamed through dpkg-deb; nothing installed)."""
+    command = ["dpkg-deb", "--fsys-tarfile", str(deb)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as deb_tar:
+        assert deb_tar.stdout is not None
+        with tarfile.open(fileobj=deb_tar.stdout, mode="r|") as archive:
+            for member in archive:
+                if member.name == PROMTOOL_IN_PACKAGE and member.isfile():
+                    source = archive.extractfile(member)
+                    assert source is not None
+                    with target.open("wb") as out:
+                        shutil.copyfileobj(source, out)
+                    target.chmod(0o755)
+                    return  # dpkg-deb stops on the closed pipe; the rest is not needed
+    raise RuntimeError(f"{deb.name} has no {PROMTOOL_IN_PACKAGE} (dpkg-deb: {deb_tar.returncode})")
+
+
+def obtain_promtool() -> Path:
+    """promtool, or ``pytest.skip`` saying why none can be had."""
+    if os.environ.get("PROMTOOL"):
+        explicit = Path(os.environ["PROMTOOL"])
+        if not runs(explicit):
+            pytest.fail(f"PROMTOOL={explicit} does not run")
+        return explicit
+    on_path = shutil.which("promtool")
+    if on_path:
+        return Path(on_path)
+    cached = PROMTOOL_CACHE / "promtool"
+    if runs(cached):
+        return cached
+    missing = [tool for tool in ("apt-get", "dpkg-deb") if not shutil.which(tool)]
+    if missing:
+        pytest.skip(
+            f"promtool not found (PROMTOOL, PATH, {cached}), and no {' or '.join(missing)} to "
+            f"fetch it from Debian's {DEBIAN_PACKAGE} package"
+        )
+    PROMTOOL_CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=PROMTOOL_CACHE) as scratch:
+        try:
+            deb = download_debian_package(Path(scratch))
+            partial = Path(scratch) / "promtool"
+            extract_promtool(deb, partial)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired, tarfile.TarError) as exc:
+            pytest.skip(f"promtool not found, and fetching Debian's {DEBIAN_PACKAGE} failed: {exc}")
+        if not runs(partial):
+            pytest.skip(f"the promtool of Debian's {DEBIAN_PACKAGE} package does not run here")
+        os.replace(partial, cached)  # atomic: a concurrent run sees all of it or nothing
+    return cached
+
+
+@pytest.fixture(scope="module")
+def promtool() -> Iterator[Path]:
+    yield obtain_promtool()
+
+
+def run_promtool(promtool: Path, *args: str, cwd: Path) -> str:
+    result = subprocess.run(
+        [str(promtool), *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"promtool {' '.join(args)}:\n{output}"
+    return output
+
+
+def test_promtool_loads_the_prometheus_config_and_rules(promtool: Path) -> None:
+    output = run_promtool(promtool, "check", "config", PROMETHEUS.name, cwd=PROMETHEUS.parent)
+    assert f"SUCCESS: {len(alert_rules())} rules found" in output, output
+
+
+@pytest.mark.parametrize("rule_test", RULE_TESTS, ids=[p.stem for p in RULE_TESTS])
+def test_promtool_rule_tests_pass(promtool: Path, rule_test: Path) -> None:
+    # Rule files in a test file are relative to it; older promtools read them from the
+    # working directory, so run there.
+    output = run_promtool(promtool, "test", "rules", rule_test.name, cwd=rule_test.parent)
+    assert "SUCCESS" in output, output
+
+
+# -- the rule tests themselves ----------------------------------------------------------------
+def rule_test_cases() -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in RULE_TESTS:
+        document = load_yaml(path)
+        for test in document["tests"]:
+            for case in test.get("alert_rule_test", []):
+                yield path, case
+
+
+def test_rule_tests_load_the_deployed_alerts() -> None:
+    assert RULE_TESTS, f"no *_test.yml in {PROMTOOL_TESTS}"
+    for path in RULE_TESTS:
+        (rule_file,) = load_yaml(path)["rule_files"]
+        assert (path.parent / rule_file).resolve() == ALERTS.resolve(), path.name
+
+
+def test_every_alert_is_tested_firing_and_quiet() -> None:
+    """Each alert has a case where it fires (labels and annotations as rendered) and one where
+    it does not: before its ``for`` has passed, or in a situation that must not page."""
+    names = {rule["alert"] for rule in alert_rules()}
+    firing = {case["alertname"] for _, case in rule_test_cases() if case.get("exp_alerts")}
+    quiet = {case["alertname"] for _, case in rule_test_cases() if not case.get("exp_alerts")}
+    assert names - firing == set(), "alerts never shown firing"
+    assert names - quiet == set(), "alerts never shown quiet"
+    tested = {case["alertname"] for _, case in rule_test_cases()}
+    assert tested <= names, f"tests of alerts that do not exist: {sorted(tested - names)}"
+    for path, case in rule_test_cases():
+        for alert in case.get("exp_alerts") or ():
+            assert alert.get("exp_annotations", {}).get("summary"), (path.name, case)
+
+
+# -- Prometheus Operator ----------------------------------------------------------------------
+def test_prometheus_rule_carries_the_groups_of_alerts_yml() -> None:
+    rule = k8s("PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["spec"]["groups"] == load_yaml(ALERTS)["groups"], (
+        f"{PROMETHEUS_RULE.relative_to(PROMTOOL_TESTS.parents[2])} differs from "
+        f"{ALERTS.name}; regenerate it: PYTHONPATH=tests python -m support.deploy_files "
+        "> deploy/k8s/monitoring/prometheusrule.yaml"
+    )

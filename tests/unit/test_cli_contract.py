@@ -1,0 +1,518 @@
+"""What every kp-scorer command promises a shell and an operator, apart from scoring itself.
+
+- ``kp-scorer score FILE | head -1`` ends quietly with the exit code of a filter ended by
+  SIGPIPE (141), no traceback and no "Exception ignored" message.
+- An error caused by a flag names the flag; one caused by the environment names the variable.
+- ``KP_LOG_LEVEL`` takes any case; an unknown ``KP_*`` variable is one warning at start-up.
+- ``kp-scorer settings`` names the variables (``--json``: one object keyed by them).
+- ``kp-scorer demo`` writes its errors and progress notes to stderr, its summary to stdout.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from worker.cli import demo
+from worker.cli.main import EXIT_BROKEN_PIPE, main
+from worker.settings import (
+    DEFAULT_TOKENIZER_PATH,
+    Settings,
+    env_name,
+    known_variables,
+    load_settings,
+    unknown_variables,
+)
+
+from support.paths import REPO
+from support.traces import code_review_example, make_trace
+
+GOOD = orjson.dumps(code_review_example())
+BAD = b"not json"
+WORKER_SOURCES = REPO / "worker"
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No KP_* settings from the environment; the CLI's logging setup is undone afterwards."""
+    for name in list(os.environ):
+        if name.upper().startswith("KP_") or name == "KAFKA_BOOTSTRAP_SERVERS":
+            monkeypatch.delenv(name)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def clean_env(**env: str) -> dict[str, str]:
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.upper().startswith("KP_") and k != "KAFKA_BOOTSTRAP_SERVERS"
+    }
+    return {**base, **env}
+
+
+def write_lines(path: Path, *lines: bytes) -> Path:
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+# --- a closed pipe --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def long_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Traces and their scored outputs, each far larger than a pipe's buffer (64 KiB)."""
+    folder = tmp_path_factory.mktemp("pipe")
+    traces = write_lines(folder / "traces.jsonl", *[GOOD] * 2000)
+    scored = folder / "scored.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "score", str(traces), "--no-embedder", "--quiet"],
+        capture_output=True,
+        env=clean_env(),
+        timeout=120,
+        check=True,
+        cwd=REPO,
+    )
+    scored.write_bytes(result.stdout)
+    return {"score": traces, "rescore": scored}
+
+
+@pytest.mark.parametrize("command", ["score", "rescore"])
+def test_reader_closing_the_pipe_ends_quietly(command: str, long_files: dict[str, Path]) -> None:
+    args = [command, str(long_files[command]), "--quiet"]
+    if command == "score":
+        args.append("--no-embedder")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=clean_env(),
+        cwd=REPO,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    first = process.stdout.readline()  # `| head -1`: one line, then the reader is gone
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    code = process.wait(timeout=120)
+    assert isinstance(orjson.loads(first), dict)  # one whole output line came through
+    assert stderr == "", stderr
+    assert code == EXIT_BROKEN_PIPE == 141
+
+
+# --- flags and variables in errors ----------------------------------------------------------
+
+
+def command_args(command: str, tmp_path: Path) -> list[str]:
+    """The command with the least it needs; it stops at its settings before doing anything."""
+    traces = write_lines(tmp_path / "t.jsonl", GOOD)
+    return {
+        "score": ["score", str(traces), "--no-embedder", "--quiet"],
+        "replay": ["replay", "--topic", "t", "--output-prefix", "p"],
+        "rescore": ["rescore", str(traces), "--quiet"],
+    }[command]
+
+
+@pytest.fixture
+def bad_profiles(tmp_path: Path) -> Path:
+    path = tmp_path / "profiles.json"
+    weights = {"complexity": 0.5, "novelty": 0.5, "tool_diversity": 0.5, "outcome": 0.5}
+    path.write_bytes(orjson.dumps({"default": weights}))
+    return path
+
+
+@pytest.mark.parametrize("command", ["score", "replay", "rescore"])
+@pytest.mark.parametrize(
+    ("flag", "value", "variable"),
+    [
+        ("--threshold", "2", "KP_ACCEPT_THRESHOLD"),
+        ("--profiles", "/nonexistent/profiles.json", "KP_PROFILES_FILE"),
+        ("--profiles", "@bad", "KP_PROFILES_FILE"),
+    ],
+)
+def test_a_bad_flag_is_named_as_the_flag(
+    command: str,
+    flag: str,
+    value: str,
+    variable: str,
+    bad_profiles: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    value = str(bad_profiles) if value == "@bad" else value
+    assert main([*command_args(command, tmp_path), flag, value]) == 2
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    assert f"{flag}:" in err
+    assert variable not in err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("command", ["score", "replay", "rescore"])
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("KP_ACCEPT_THRESHOLD", "2"), ("KP_PROFILES_FILE", "@bad")],
+)
+def test_a_bad_variable_is_still_named_as_the_variable(
+    command: str,
+    variable: str,
+    value: str,
+    bad_profiles: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(variable, str(bad_profiles) if value == "@bad" else value)
+    assert main(command_args(command, tmp_path)) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{variable}:" in err
+    assert "--" not in err
+
+
+def test_flag_and_variable_errors_in_one_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KP_CACHE_CAPACITY", "0")
+    with pytest.raises(Exception, match="invalid configuration") as raised:
+        load_settings({"accept_threshold": "--threshold"}, accept_threshold=3)
+    assert "--threshold: " in str(raised.value)
+    assert "KP_CACHE_CAPACITY: " in str(raised.value)
+    assert "KP_ACCEPT_THRESHOLD" not in str(raised.value)
+
+
+# --- log level ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "level"),
+    [("debug", "DEBUG"), ("Warning", "WARNING"), ("info", "INFO"), (" ERROR ", "ERROR")],
+)
+def test_log_level_in_any_case(given: str, level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KP_LOG_LEVEL", given)
+    assert load_settings().log_level == level
+
+
+def test_log_level_in_lower_case_reaches_the_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KP_LOG_LEVEL", "warning")
+    traces = write_lines(tmp_path / "t.jsonl", GOOD)
+    assert main(["score", str(traces), "--no-embedder", "--quiet"]) == 0
+    assert logging.getLogger().level == logging.WARNING
+
+
+# --- unknown variables ----------------------------------------------------------------------
+
+
+def test_unknown_variables_with_close_matches() -> None:
+    environ = {
+        "KP_ACCEPT_TRESHOLD": "0.5",
+        "kp_log_levle": "debug",
+        "KP_ZZZ": "1",
+        "KP_ACCEPT_THRESHOLD": "0.5",
+        "kp_log_level": "debug",  # settings read names in any case
+        "KP_KAFKA_BOOTSTRAP_SERVERS": "h:1",
+        "KAFKA_BOOTSTRAP_SERVERS": "h:1",
+        "HOME": "/root",
+    }
+    assert unknown_variables(environ) == [
+        ("KP_ACCEPT_TRESHOLD", "KP_ACCEPT_THRESHOLD"),
+        ("KP_ZZZ", None),
+        ("kp_log_levle", "KP_LOG_LEVEL"),
+    ]
+
+
+def test_every_setting_and_every_variable_the_worker_reads_is_known() -> None:
+    every_setting = {env_name(name): "x" for name in Settings.model_fields}
+    assert unknown_variables(every_setting) == []
+    assert "KP_PRODUCER_IDEMPOTENCE" in known_variables()
+    assert "KP_HEALTH_STALL_SECONDS" in known_variables()
+    named_in_code = {
+        name
+        for path in WORKER_SOURCES.rglob("*.py")
+        for name in re.findall(r"\bKP_[A-Z0-9_]*[A-Z0-9]\b", path.read_text())
+    }
+    assert named_in_code - known_variables() == set()
+
+
+def demo_absent(tmp_path: Path) -> list[str]:
+    return ["demo", "--traces", str(tmp_path / "absent.jsonl")]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        lambda tmp: ["score", str(write_lines(tmp / "t.jsonl", GOOD)), "--no-embedder", "--quiet"],
+        lambda tmp: ["replay", "--topic", "t", "--output-prefix", "p", "--threshold", "9"],
+        lambda tmp: ["rescore", str(tmp / "absent.jsonl"), "--quiet"],
+        demo_absent,
+        lambda tmp: ["settings"],
+    ],
+    ids=["score", "replay", "rescore", "demo", "settings"],
+)
+def test_unknown_variable_is_one_warning_for_every_command(
+    args: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KP_ACCEPT_TRESHOLD", "0.5")
+    monkeypatch.setenv("KP_WHATEVER_THIS_IS", "1")
+    main(args(tmp_path))
+    lines = capsys.readouterr().err.splitlines()
+    typo = [line for line in lines if "KP_ACCEPT_TRESHOLD" in line]
+    other = [line for line in lines if "KP_WHATEVER_THIS_IS" in line]
+    assert typo == [
+        "kp-scorer: unknown environment variable KP_ACCEPT_TRESHOLD ignored "
+        "(did you mean KP_ACCEPT_THRESHOLD?)"
+    ]
+    assert other == ["kp-scorer: unknown environment variable KP_WHATEVER_THIS_IS ignored"]
+
+
+def test_worker_warns_of_an_unknown_variable_in_its_json_log(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from worker.io import app
+
+    class Started(Exception):
+        pass
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise Started
+
+    monkeypatch.setenv("KP_ACCEPT_TRESHOLD", "0.5")
+    monkeypatch.setattr(app, "create_app", started)  # stop where the worker would start
+    with pytest.raises(Started):
+        main(["worker"])
+    captured = capsys.readouterr()
+    (warning,) = [orjson.loads(line) for line in captured.err.splitlines()]
+    assert warning["level"] == "warning"
+    assert warning["variable"] == "KP_ACCEPT_TRESHOLD"
+    assert warning["did_you_mean"] == "KP_ACCEPT_THRESHOLD"
+    assert captured.out == ""
+
+
+# --- kp-scorer settings ---------------------------------------------------------------------
+
+
+def test_settings_by_variable_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["settings"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "KP_ACCEPT_THRESHOLD = 0.75" in lines
+    assert "KAFKA_BOOTSTRAP_SERVERS = localhost:9092" in lines
+    assert "KP_LOG_LEVEL = INFO" in lines
+    assert len(lines) == len(Settings.model_fields)
+
+
+def test_settings_as_json(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KP_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
+    monkeypatch.setenv("KP_SASL_MECHANISM", "PLAIN")
+    monkeypatch.setenv("KP_SASL_USERNAME", "alice")
+    monkeypatch.setenv("KP_SASL_PASSWORD", "secret-password")
+    monkeypatch.setenv("KP_DOMAIN_THRESHOLDS", '{"code": 0.8}')
+    assert main(["settings", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "secret-password" not in out
+    values = orjson.loads(out)
+    assert set(values) == {env_name(name) for name in Settings.model_fields}
+    assert values["KP_SASL_PASSWORD"] == "**********"
+    assert values["KP_SASL_USERNAME"] == "alice"
+    assert values["KP_TOKENIZER_PATH"] == str(DEFAULT_TOKENIZER_PATH)
+    assert values["KP_ACCEPT_THRESHOLD"] == 0.75
+    assert values["KP_DOMAIN_THRESHOLDS"] == {"code": 0.8}
+    assert values["KP_PROFILES_FILE"] is None
+    assert values["KAFKA_BOOTSTRAP_SERVERS"] == "localhost:9092"
+
+
+# --- kp-scorer demo: stdout is the summary --------------------------------------------------
+
+
+def test_demo_without_traces_errs_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(demo_absent(tmp_path)) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "no sample traces at" in captured.err
+
+
+class FakeBroker:
+    bootstrap_servers = "127.0.0.1:9"
+
+    def __enter__(self) -> FakeBroker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class FakeWorker:
+    """A worker process that never becomes ready (``ready=False``) or one that runs."""
+
+    ready = True
+
+    def __init__(self, bootstrap: str, log_path: Path | None = None, **env: str) -> None:
+        self.metrics_port, self.pid, self.log_path = 9, 1, log_path
+
+    def start(self) -> FakeWorker:
+        return self
+
+    def wait_ready(self, timeout: float) -> FakeWorker:
+        if not self.ready:
+            raise TimeoutError
+        return self
+
+    def alive(self) -> bool:
+        return True
+
+    def stop(self) -> int:
+        return 0
+
+
+@pytest.fixture
+def fake_demo(monkeypatch: pytest.MonkeyPatch) -> type[FakeWorker]:
+    """The demo with a broker, worker and topics that cost nothing."""
+    from worker.dev import embedded_broker
+
+    async def nothing(*args: object, **kwargs: object) -> None:
+        return None
+
+    monkeypatch.setattr(embedded_broker, "EmbeddedBroker", FakeBroker)
+    monkeypatch.setattr(demo, "WorkerProcess", FakeWorker)
+    monkeypatch.setattr(demo, "ensure_topics", nothing)
+    return FakeWorker
+
+
+def test_demo_worker_not_ready_errs_on_stderr(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(fake_demo, "ready", False)
+    assert main(["demo", "--timeout", "1"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "broker ready at 127.0.0.1:9" in captured.err
+    assert "worker started" in captured.err
+    assert "the worker did not become ready" in captured.err
+
+
+def test_demo_missing_records_err_on_stderr_and_the_summary_stays_on_stdout(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async def published(*args: object) -> set[tuple[int, int]]:
+        return {(0, 0), (0, 1)}
+
+    async def collected(settings: object, accounting: demo.Accounting, timeout: float) -> None:
+        accounting.found[(0, 0)] = "accepted"
+        accounting.scores.append(0.8)
+
+    monkeypatch.setattr(demo, "_publish", published)
+    monkeypatch.setattr(demo, "_collect", collected)
+    monkeypatch.setattr(demo, "_scrape", lambda port: {})
+    assert main(["demo", "--timeout", "1", "--rate", "1000"]) == 1
+    captured = capsys.readouterr()
+    assert "1 of 2 records reached no output topic" in captured.err
+    assert "publishing" in captured.err
+    assert "reached no output" not in captured.out
+    assert "Where every input record went" in captured.out
+    assert "Score distribution" in captured.out
+
+
+# --- the summary of `score` -----------------------------------------------------------------
+
+
+def run_score(path: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
+    code = main(["score", str(path), "--no-embedder", "--quiet", *flags])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+    ("lines", "counts"),
+    [
+        ((), "scored 0 lines: accepted=0, rejected=0, dead_letter=0"),
+        ((BAD, b""), "scored 2 lines: accepted=0, rejected=0, dead_letter=2"),
+    ],
+    ids=["empty", "only-errors"],
+)
+def test_summary_without_scored_lines_has_no_nan(
+    lines: tuple[bytes, ...], counts: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_lines(tmp_path / "t.jsonl", *lines) if lines else tmp_path / "t.jsonl"
+    path.touch()
+    code, _, err = run_score(path, capsys)
+    assert code == 0
+    assert "nan" not in err
+    assert f"{counts}; no scored lines" in " ".join(err.split())
+
+
+def test_fail_on_error_exits_1_when_a_line_is_dead_lettered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mixed = write_lines(tmp_path / "mixed.jsonl", GOOD, BAD)
+    clean = write_lines(tmp_path / "clean.jsonl", GOOD, orjson.dumps(make_trace()))
+    code, out, err = run_score(mixed, capsys, "--fail-on-error")
+    assert code == 1
+    assert len(out.splitlines()) == 2  # every line is still written
+    assert "dead_letter=1" in err
+    assert run_score(mixed, capsys)[0] == 0  # without the flag, as before
+    assert run_score(clean, capsys, "--fail-on-error")[0] == 0
+
+
+def test_fail_on_error_is_documented(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["score", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--fail-on-error exit 1 if any line could not be scored" in help_text
+
+
+def test_summary_reads_stdin_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(BAD + b"\n")))
+    assert main(["score", "-", "--no-embedder", "--quiet", "--fail-on-error"]) == 1
+    assert "no scored lines" in capsys.readouterr().err
+
+
+# --- the README's output example ------------------------------------------------------------
+
+
+def readme_output_example() -> dict[str, Any]:
+    section = (REPO / "README.md").read_text().split("### Output", 1)[1].split("\n### ", 1)[0]
+    block = section.split("```json\n", 1)[1].split("```", 1)[0]
+    return orjson.loads(block)
+
+
+def test_readme_output_example_is_what_score_writes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The example is the first example trace's output (steps shortened); novelty is 0.5 for
+    the first trace with or without a model, so only the model's name may differ."""
+    monkeypatch.chdir(REPO)  # the command as the README gives it
+    assert main(["score", "examples/traces.jsonl", "--no-embedder", "--quiet"]) == 0
+    real = orjson.loads(capsys.readouterr().out.splitlines()[0])
+    shown = readme_output_example()
+    assert list(shown) == list(real) == ["trace", "score", "scorer", "source"]
+    assert shown["trace"]["steps"] == real["trace"]["steps"][: len(shown["trace"]["steps"])]
+    assert {**shown["trace"], "steps": []} == {**real["trace"], "steps": []}
+    assert {**shown["score"], "novelty_source": None} == {**real["score"], "novelty_source": None}
+    assert shown["score"]["novelty_source"] == "empty_cache"
+    assert shown["source"] == real["source"]
+    assert set(shown["scorer"]) == set(real["scorer"])
+    assert shown["scorer"]["version"] == real["scorer"]["version"]

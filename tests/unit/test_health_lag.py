@@ -1,0 +1,152 @@
+"""Lag computed when read, liveness and readiness from stamps, and the endpoints serving them."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import orjson
+from prometheus_client import generate_latest
+
+from worker.dev.process import free_loopback_port
+from worker.io import http
+from worker.stream import metrics
+from worker.stream.health import WorkerHealth
+from worker.stream.lag import Lag, PartitionLag
+from worker.stream.observer import MetricsObserver
+
+TP = ("in", 0)
+
+
+class Clock:
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_lag_grows_while_nothing_is_finished_and_is_zero_when_caught_up() -> None:
+    clock = Clock()
+    lag = PartitionLag(clock)
+    lag.assigned([TP, ("in", 1)])
+    assert lag.snapshot() == [], "unknown until position and log end are known"
+    lag.started(TP, 10)
+    lag.log_ends({TP: 10, ("other", 0): 99})
+    assert lag.snapshot() == [Lag("in", 0, 0, 0.0)]
+    clock.now += 5
+    lag.log_ends({TP: 14})  # four records arrive; none is finished
+    clock.now += 7
+    assert lag.snapshot() == [Lag("in", 0, 4, 12.0)], "behind since it was last caught up"
+    clock.now += 30
+    assert lag.snapshot() == [Lag("in", 0, 4, 42.0)], "a stuck partition keeps growing"
+    lag.finished(TP, 10, timestamp_ms=1_020_000)
+    assert lag.snapshot() == [Lag("in", 0, 3, 22.0)], "now minus the last finished record's time"
+    for offset in (11, 12, 13):
+        lag.finished(TP, offset, timestamp_ms=1_030_000)
+    assert lag.snapshot() == [Lag("in", 0, 0, 0.0)]
+
+
+def test_lag_of_a_backlog_found_on_assignment_and_of_revoked_partitions() -> None:
+    clock = Clock()
+    lag = PartitionLag(clock)
+    lag.assigned([TP])
+    lag.started(TP, 0)
+    lag.log_ends({TP: 500})
+    clock.now += 3
+    assert lag.snapshot() == [Lag("in", 0, 500, 3.0)], "at least as long as it has owned it"
+    lag.finished(TP, 0, timestamp_ms=int((clock.now - 3_600) * 1000))
+    assert lag.snapshot()[0].seconds == 3_600, "an hour-old backlog shows an hour"
+    lag.forget(TP)
+    assert lag.snapshot() == [], "a forgotten partition is not reported until it restarts"
+    lag.assigned([])
+    lag.started(TP, 0)
+    assert lag.snapshot() == [], "partitions not owned are ignored"
+
+
+def test_liveness_fails_when_records_wait_and_nothing_moves() -> None:
+    clock = Clock()
+    waiting = [0]
+    health = WorkerHealth(60, records_waiting=lambda: waiting[0], clock=clock)
+    clock.now += 300
+    health.loop_ticked()
+    assert health.liveness().ok, "idle with nothing waiting is healthy"
+    waiting[0] = 5
+    verdict = health.liveness()
+    assert not verdict.ok and "5 records waiting" in verdict.checks["consume_loop"]
+    health.record_taken()
+    assert health.liveness().ok
+    clock.now += 59
+    health.loop_ticked()
+    assert health.liveness().ok
+    clock.now += 2
+    health.loop_ticked()
+    assert not health.liveness().ok, "in the pipeline and not finished for over a minute"
+    health.rebuild_started()
+    assert health.liveness().ok, "a cache rebuild in progress is progress"
+    health.rebuild_finished()
+    health.record_finished()
+    waiting[0] = 0
+    assert health.liveness().ok
+
+
+def test_liveness_fails_when_the_event_loop_stops_ticking() -> None:
+    clock = Clock()
+    health = WorkerHealth(60, clock=clock)
+    clock.now += 19
+    assert health.liveness().ok
+    clock.now += 2
+    verdict = health.liveness()
+    assert not verdict.ok and verdict.checks["event_loop"] == "no tick for 21 s"
+
+
+def test_readiness_needs_the_scorer_and_an_assignment_and_not_stopping() -> None:
+    health = WorkerHealth(60)
+    assert not health.readiness().ok
+    health.scorer_ready(None, "KP_MODEL_PATH missing")
+    assert not health.readiness().ok
+    health.assignment_received()
+    verdict = health.readiness()
+    assert verdict.ok, "running without a model as configured is ready"
+    assert verdict.checks["scorer"].startswith("none (")
+    health.stopping()
+    assert not health.readiness().ok
+
+
+def test_endpoints_answer_from_the_health_state_and_lag_is_exported_at_scrape_time() -> None:
+    observer = MetricsObserver(stall_seconds=60)
+    observer.watch()
+    observer.configured("9.9.9", "model-x", 0.7, {"finance": 0.8})
+    observer.partitions_assigned([TP])
+    observer.partition_started(TP, 3)
+    observer.log_ends({TP: 8})
+    port = free_loopback_port()
+    server = http.serve(port, observer.health, host="127.0.0.1")
+    assert server is not None
+    try:
+
+        def get(path: str) -> tuple[int, bytes]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                    return r.status, r.read()
+            except urllib.error.HTTPError as exc:
+                return exc.code, exc.read()
+
+        status, body = get("/readyz")
+        assert status == 503 and orjson.loads(body)["checks"]["scorer"] == "starting"
+        observer.embedder_loaded("model-x", None)
+        assert get("/readyz")[0] == 200
+        assert get("/healthz")[0] == 200
+        status, body = get("/metrics")
+        text = body.decode()
+        assert status == 200
+        assert 'kp_consumer_lag_records{partition="0",topic="in"} 5.0' in text
+        assert 'kp_build_info{model="model-x",version="9.9.9"} 1.0' in text
+        assert "kp_accept_threshold 0.7" in text
+        assert 'kp_domain_accept_threshold{domain="finance"} 0.8' in text
+        assert "kp_latency_budget_seconds 0.1" in text
+        assert get("/nope")[0] == 404
+    finally:
+        server.shutdown()
+        metrics.consumer_lag.source = None
+    assert b"kp_consumer_lag_records{" not in generate_latest()

@@ -1,0 +1,124 @@
+"""Liveness and readiness of the worker, as the /healthz and /readyz endpoints answer them.
+
+Both are read from the HTTP server's thread, which keeps running when the event loop hangs,
+so neither may depend on the loop answering: the loop stamps a tick every second, the
+pipeline stamps progress whenever it takes or finishes a record, and the answers compare
+those stamps with the clock.
+
+- Live: the event loop ticked within a third of ``stall_seconds``, and, while records wait
+  (behind the log's end or in the pipeline), one was taken or finished within
+  ``stall_seconds`` (a cache rebuild in progress counts as progress).
+- Ready: the scorer is built (model loaded, or running without one as configured), the
+  consumer has received a partition assignment, and the worker is not stopping.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+LOOP_TICK_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    checks: dict[str, str] = field(default_factory=dict)  # name -> "ok" or why not
+
+    def to_json(self) -> dict[str, object]:
+        return {"status": "ok" if self.ok else "failing", "checks": self.checks}
+
+
+class WorkerHealth:
+    def __init__(
+        self,
+        stall_seconds: float,
+        records_waiting: Callable[[], int] = lambda: 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stall_seconds = stall_seconds
+        self._records_waiting = records_waiting
+        self._clock = clock
+        self._lock = threading.Lock()
+        started = clock()
+        self._last_tick = started
+        self._last_progress = started
+        self._in_pipeline = 0
+        self._rebuilding = 0
+        self._model: str | None = None
+        self._assignment_received = False
+        self._stopping = False
+
+    # -- reported by the worker --------------------------------------------------------------
+    def loop_ticked(self) -> None:
+        with self._lock:
+            self._last_tick = self._clock()
+
+    def record_taken(self) -> None:
+        with self._lock:
+            self._in_pipeline += 1
+            self._last_progress = self._clock()
+
+    def record_finished(self) -> None:
+        with self._lock:
+            self._in_pipeline -= 1
+            self._last_progress = self._clock()
+
+    def rebuild_started(self) -> None:
+        with self._lock:
+            self._rebuilding += 1
+            self._last_progress = self._clock()
+
+    def rebuild_finished(self) -> None:
+        with self._lock:
+            self._rebuilding -= 1
+            self._last_progress = self._clock()
+
+    def scorer_ready(self, model: str | None, reason: str | None) -> None:
+        with self._lock:
+            self._model = f"loaded: {model}" if model else f"none ({reason or 'not configured'})"
+
+    def assignment_received(self) -> None:
+        with self._lock:
+            self._assignment_received = True
+
+    def stopping(self) -> None:
+        with self._lock:
+            self._stopping = True
+
+    # -- read by the endpoints ---------------------------------------------------------------
+    def liveness(self) -> Verdict:
+        waiting = self._records_waiting()
+        with self._lock:
+            now = self._clock()
+            tick_age = now - self._last_tick
+            progress_age = now - self._last_progress
+            in_pipeline, rebuilding = self._in_pipeline, self._rebuilding
+        checks = {}
+        ok = True
+        if tick_age > self.stall_seconds / 3:
+            ok = False
+            checks["event_loop"] = f"no tick for {tick_age:.0f} s"
+        else:
+            checks["event_loop"] = "ok"
+        pending = waiting + in_pipeline
+        if pending and not rebuilding and progress_age > self.stall_seconds:
+            ok = False
+            checks["consume_loop"] = (
+                f"{pending} records waiting and none taken or finished for {progress_age:.0f} s"
+            )
+        else:
+            checks["consume_loop"] = "ok"
+        return Verdict(ok, checks)
+
+    def readiness(self) -> Verdict:
+        with self._lock:
+            model, assigned, stopping = self._model, self._assignment_received, self._stopping
+        checks = {
+            "scorer": model or "starting",
+            "assignment": "received" if assigned else "waiting for the group",
+            "stopping": "yes" if stopping else "no",
+        }
+        return Verdict(model is not None and assigned and not stopping, checks)

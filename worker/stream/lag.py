@@ -1,0 +1,125 @@
+"""How far behind the log's end each owned partition is, in records and seconds, at any moment.
+
+The worker reports what it knows: partitions assigned, where scoring of one starts, each
+record it finished, and the log's end offsets (from every fetched record's high watermark and
+from a periodic probe of the input topic, which keeps coming while no record arrives). The
+lag is computed when it is read (at scrape time), so a worker that stops finishing records
+shows its lag growing instead of a frozen last value.
+
+Seconds behind is an estimate without reading the log: for a partition that is behind, now
+minus the newer of the last finished record's timestamp and the last moment the partition was
+seen caught up (or, before either is known, the moment it was assigned). It is 0 when caught up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass
+class _Partition:
+    assigned_at: float  # wall clock, seconds
+    position: int | None = None  # next offset to finish
+    log_end: int | None = None
+    last_timestamp: float | None = None  # of the last finished record, seconds
+    caught_up_at: float | None = None
+
+    def note_caught_up(self, now: float) -> None:
+        if self.position is not None and self.log_end is not None and self.position >= self.log_end:
+            self.caught_up_at = now
+
+
+@dataclass(frozen=True)
+class Lag:
+    topic: str
+    partition: int
+    records: int
+    seconds: float
+
+
+class PartitionLag:
+    """Thread-safe: updated from the event loop, read from the metrics and health endpoints."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._finished: dict[TopicPartition, int] = {}  # kept across revocations
+
+    def assigned(self, partitions: Iterable[TopicPartition]) -> None:
+        """The partitions owned now; others stop being reported."""
+        now, wanted = self._clock(), set(partitions)
+        with self._lock:
+            for tp in list(self._partitions):
+                if tp not in wanted:
+                    del self._partitions[tp]
+            for tp in wanted:
+                self._partitions.setdefault(tp, _Partition(assigned_at=now))
+
+    def forget(self, tp: TopicPartition) -> None:
+        """Revoked or failed: its position is unknown until scoring starts again."""
+        with self._lock:
+            state = self._partitions.get(tp)
+            if state is not None:
+                state.position = None
+
+    def started(self, tp: TopicPartition, position: int) -> None:
+        """Scoring of ``tp`` starts at ``position`` (the committed offset)."""
+        with self._lock:
+            state = self._partitions.get(tp)
+            if state is not None:
+                state.position = position
+                state.note_caught_up(self._clock())
+
+    def finished(self, tp: TopicPartition, offset: int, timestamp_ms: int) -> None:
+        """The record at ``offset`` was scored and its output published."""
+        with self._lock:
+            self._finished[tp] = max(self._finished.get(tp, 0), offset + 1)
+            state = self._partitions.get(tp)
+            if state is None:
+                return
+            state.position = max(state.position or 0, offset + 1)
+            if timestamp_ms:
+                seconds = timestamp_ms / 1000
+                state.last_timestamp = max(state.last_timestamp or seconds, seconds)
+            state.note_caught_up(self._clock())
+
+    def log_ends(self, ends: Mapping[TopicPartition, int]) -> None:
+        """End offsets (high watermarks) seen in a fetch or a probe."""
+        now = self._clock()
+        with self._lock:
+            for tp, end in ends.items():
+                state = self._partitions.get(tp)
+                if state is not None:
+                    state.log_end = max(state.log_end or 0, end)
+                    state.note_caught_up(now)
+
+    def snapshot(self) -> list[Lag]:
+        """Every owned partition whose position and log end are known, with its lag now."""
+        now = self._clock()
+        lags = []
+        with self._lock:
+            for (topic, partition), state in sorted(self._partitions.items()):
+                if state.position is None or state.log_end is None:
+                    continue
+                behind = max(0, state.log_end - state.position)
+                seconds = 0.0
+                if behind:
+                    known = [t for t in (state.last_timestamp, state.caught_up_at) if t is not None]
+                    since = max(known) if known else state.assigned_at
+                    seconds = max(0.0, now - since)
+                lags.append(Lag(topic, partition, behind, seconds))
+        return lags
+
+    def finished_positions(self) -> dict[TopicPartition, int]:
+        """Every partition this worker published a record of: the offset after the last."""
+        with self._lock:
+            return dict(self._finished)
+
+    def records_waiting(self) -> int:
+        return sum(lag.records for lag in self.snapshot())
