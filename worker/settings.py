@@ -87,6 +87,9 @@ class Settings(BaseSettings):
 
     # Input limits
     max_message_bytes: PositiveInt = 1_048_576
+    # Objects and arrays per message, counted before decoding as "{" and "[" characters (in
+    # strings too): bounds the time a container-dense message costs to decode.
+    max_json_containers: PositiveInt = 131_072
     # Largest record published. A scored output over it goes to dead-letter as
     # output_too_large; a dead letter over it is published without its value.
     max_output_bytes: PositiveInt = 2_097_152

@@ -28,6 +28,7 @@ from worker.core.errors import (
 )
 from worker.core.trace import (
     DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_CONTAINERS,
     MAX_DEPTH,
     Trace,
     decode_json,
@@ -466,6 +467,23 @@ def test_size_limit_is_configurable() -> None:
     # the size check comes first: even garbage is reported as too large
     with pytest.raises(TooLargeError):
         decode_json(b"x" * 11, max_bytes=10)
+
+
+def test_container_limit_counts_brackets_before_decoding() -> None:
+    base = trace_bytes(x_lists=[])
+    room = DEFAULT_MAX_CONTAINERS - (base.count(b"{") + base.count(b"["))
+    at_limit = trace_bytes(x_lists=[[] for _ in range(room)])
+    assert parse_trace(at_limit).id == "kp:trace:test-0001", "exactly at the limit is fine"
+    over = trace_bytes(x_lists=[[] for _ in range(room + 1)])
+    with pytest.raises(TooLargeError, match=f"{DEFAULT_MAX_CONTAINERS + 1} '{{' and '\\['"):
+        parse_trace(over)
+    # Brackets inside strings count too: the bound is found without decoding.
+    in_text = trace_bytes(x_text="{" * (DEFAULT_MAX_CONTAINERS + 1))
+    with pytest.raises(TooLargeError, match="in strings too"):
+        parse_trace(in_text)
+    assert parse_trace(in_text, max_containers=DEFAULT_MAX_CONTAINERS * 2).id
+    with pytest.raises(TooLargeError):  # checked before the JSON itself
+        decode_json(b"[[[[ not json", max_containers=3)
 
 
 # --- nesting depth ------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from worker.core.errors import InternalScoringError, OutputTooLargeError, TraceE
 from worker.core.output import DEFAULT_MAX_OUTPUT_BYTES, dead_letter, scored
 from worker.core.records import OTHER_DOMAIN, Decision, RoutedRecord, SourceRecord
 from worker.core.scoring import Novelty, ProfileSet, load_profiles, score_trace
-from worker.core.trace import DEFAULT_MAX_BYTES, Trace, parse_trace
+from worker.core.trace import DEFAULT_MAX_BYTES, DEFAULT_MAX_CONTAINERS, Trace, parse_trace
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,7 @@ class Scorer:
         max_message_bytes: int = DEFAULT_MAX_BYTES,
         embedder_reason: str | None = None,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_json_containers: int = DEFAULT_MAX_CONTAINERS,
     ) -> None:
         self.profiles = profiles
         self.thresholds = thresholds
@@ -103,6 +104,7 @@ class Scorer:
         self.embedder_reason = embedder_reason
         self.max_message_bytes = max_message_bytes
         self.max_output_bytes = max_output_bytes
+        self.max_json_containers = max_json_containers
 
     @property
     def model_id(self) -> str | None:
@@ -114,7 +116,7 @@ class Scorer:
 
     def decode(self, record: SourceRecord) -> Trace | TraceError:
         try:
-            return parse_trace(record.value, self.max_message_bytes)
+            return parse_trace(record.value, self.max_message_bytes, self.max_json_containers)
         except TraceError as error:
             return error
 
@@ -304,4 +306,5 @@ def build_scorer(settings: Settings, *, use_embedder: bool = True) -> Scorer:
         max_message_bytes=settings.max_message_bytes,
         embedder_reason=reason,
         max_output_bytes=settings.max_output_bytes,
+        max_json_containers=settings.max_json_containers,
     )
