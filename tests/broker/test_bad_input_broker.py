@@ -19,13 +19,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from worker.dev.process import WorkerProcess
 from worker.settings import Settings
 
 from support.bad_corpus import MANIFEST, VALID, corpus_bytes
-from support.kafka_helpers import create_topics
+from support.kafka_helpers import create_topics, wait_for_partitions
 from support.paths import EXAMPLES
 from support.workers import worker_topics
 
@@ -87,6 +87,7 @@ class OutputReader:
     """Reads the output topics from the beginning, keeping everything read so far."""
 
     def __init__(self, bootstrap: str, topics: list[str]) -> None:
+        self.bootstrap = bootstrap
         self.topics = topics
         self.outs: list[Out] = []
         self._consumer = AIOKafkaConsumer(
@@ -99,19 +100,7 @@ class OutputReader:
     async def start(self, timeout: float = 60.0) -> None:
         consumer = self._consumer
         await consumer.start()
-        deadline = time.monotonic() + timeout
-        while True:  # the worker creates its output topics at start-up
-            await consumer._client.force_metadata_update()
-            if all(consumer.partitions_for_topic(t) for t in self.topics):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"output topics {self.topics} were never created")
-            await asyncio.sleep(0.2)
-        partitions = [
-            TopicPartition(t, p)
-            for t in self.topics
-            for p in sorted(consumer.partitions_for_topic(t) or ())
-        ]
+        partitions = await wait_for_partitions(self.bootstrap, self.topics, timeout)
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
 

@@ -27,13 +27,14 @@ from dataclasses import dataclass
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from worker.dev.embedded_broker import EmbeddedBroker
 from worker.dev.process import WorkerProcess, free_loopback_port
 from worker.io.shutdown import EXIT_DEADLINE
 
 from support.kafka_helpers import create_topics
+from support.outputs import outputs_by_trace_id
 from support.tcp_proxy import TcpProxy
 from support.traces import make_trace
 from support.workers import worker_topics
@@ -188,30 +189,6 @@ def _max(text: str, name: str) -> float:
     return max(_values(text, name), default=0.0)
 
 
-async def _ids_out(
-    bootstrap: str, topics: list[str], wanted: set[str], timeout: float
-) -> dict[str, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    seen: dict[str, int] = {}
-    try:
-        await consumer._client.force_metadata_update()
-        partitions = [
-            TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()
-        ]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not wanted <= set(seen):
-            for messages in (await consumer.getmany(timeout_ms=300)).values():
-                for m in messages:
-                    key = orjson.loads(m.value)["trace"]["id"] if m.value else f"dead:{m.key}"
-                    seen[key] = seen.get(key, 0) + 1
-    finally:
-        await consumer.stop()
-    return seen
-
-
 def run_outage(proxied: tuple[TcpProxy, str], cut_after: float, cut_for: float, count: int):
     proxy, bootstrap = proxied
     prefix = f"fault-{uuid.uuid4().hex[:8]}"
@@ -234,7 +211,12 @@ def run_outage(proxied: tuple[TcpProxy, str], cut_after: float, cut_for: float, 
         outputs = [
             env[k] for k in ("KP_ACCEPTED_TOPIC", "KP_REJECTED_TOPIC", "KP_DEAD_LETTER_TOPIC")
         ]
-        seen = asyncio.run(_ids_out(bootstrap, outputs, wanted, timeout=180))
+        seen = {
+            trace_id: len(found)
+            for trace_id, found in asyncio.run(
+                outputs_by_trace_id(bootstrap, outputs, wanted, timeout=180)
+            ).items()
+        }
         time.sleep(1.0)
         sampler.stop()
         alive = worker.process is not None and worker.process.poll() is None
@@ -344,31 +326,6 @@ def test_unreachable_broker_at_start_is_retried_until_it_appears(new_topic_name)
 SHUTDOWN_TIMEOUT_SECONDS = 10.0
 
 
-async def _outputs_by_id(bootstrap: str, topics: list[str], wanted: set[str], timeout: float):
-    """trace id -> the distinct (decision, score) pairs of its outputs, and how many outputs."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    outputs: dict[str, list[tuple[str, object]]] = {}
-    try:
-        await consumer._client.force_metadata_update()
-        partitions = [
-            TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()
-        ]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not wanted <= set(outputs):
-            for messages in (await consumer.getmany(timeout_ms=300)).values():
-                for m in messages:
-                    value = orjson.loads(m.value)
-                    outputs.setdefault(value["trace"]["id"], []).append(
-                        (m.topic, value["score"]["score"])
-                    )
-    finally:
-        await consumer.stop()
-    return outputs
-
-
 def test_sigterm_during_an_outage_exits_by_the_deadline_without_loss(proxied) -> None:
     proxy, bootstrap = proxied
     prefix = f"term-{uuid.uuid4().hex[:8]}"
@@ -404,7 +361,7 @@ def test_sigterm_during_an_outage_exits_by_the_deadline_without_loss(proxied) ->
     outputs = [env[k] for k in ("KP_ACCEPTED_TOPIC", "KP_REJECTED_TOPIC", "KP_DEAD_LETTER_TOPIC")]
     with WorkerProcess(bootstrap, **env) as restarted:
         restarted.wait_ready(timeout=120)
-        seen = asyncio.run(_outputs_by_id(bootstrap, outputs, wanted, timeout=180))
+        seen = asyncio.run(outputs_by_trace_id(bootstrap, outputs, wanted, timeout=180))
         assert restarted.stop() == 0, "a clean stop with the broker up exits 0"
     assert wanted <= set(seen), f"lost {len(wanted - set(seen))}"
     unequal = {i: o for i, o in seen.items() if len(set(o)) != 1}
@@ -576,7 +533,7 @@ def test_ten_minute_outage_soak_stays_flat_and_recovers(proxied) -> None:
         outputs = [
             env[k] for k in ("KP_ACCEPTED_TOPIC", "KP_REJECTED_TOPIC", "KP_DEAD_LETTER_TOPIC")
         ]
-        seen = asyncio.run(_outputs_by_id(bootstrap, outputs, wanted, timeout=240))
+        seen = asyncio.run(outputs_by_trace_id(bootstrap, outputs, wanted, timeout=240))
         alive = worker.alive()
         ready = sum(1 for e in worker.events() if e.get("event") == "scorer ready")
     settled = [s for s in samples if s[0] >= min(60.0, cut_for / 4)]

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 Key = bytes | str | None
@@ -88,6 +88,31 @@ async def create_topics_async(
     ]
     if failures:
         raise RuntimeError(f"create_topics failed: {'; '.join(failures)}")
+
+
+async def wait_for_partitions(
+    bootstrap: str, topics: Iterable[str], timeout: float = 60.0
+) -> list[TopicPartition]:
+    """Every partition of ``topics``, waiting (up to ``timeout``) until each topic exists: a
+    worker creates its output topics at start-up."""
+    names = sorted(set(topics))
+    deadline = time.monotonic() + timeout
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        while True:
+            described = await admin.describe_topics(names)
+            if all(not d.get("error_code") and d.get("partitions") for d in described):
+                return [
+                    TopicPartition(d["topic"], p["partition"])
+                    for d in described
+                    for p in sorted(d["partitions"], key=lambda p: p["partition"])
+                ]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topics {names} were never created")
+            await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
 
 
 def create_topics(

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
+
+from support.kafka_helpers import wait_for_partitions
 
 
 @dataclass(frozen=True)
@@ -57,18 +59,7 @@ async def collect_outputs_async(
     await consumer.start()
     try:
         deadline = time.monotonic() + timeout
-        while True:  # the worker creates its output topics at start-up
-            await consumer._client.force_metadata_update()
-            if all(consumer.partitions_for_topic(topic) for topic in topics):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"output topics {sorted(topics)} were never created")
-            await asyncio.sleep(0.2)
-        partitions = [
-            TopicPartition(topic, p)
-            for topic in topics
-            for p in sorted(consumer.partitions_for_topic(topic) or ())
-        ]
+        partitions = await wait_for_partitions(bootstrap, topics, timeout)
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         outputs: list[Output] = []
@@ -103,3 +94,31 @@ def first_by_source(outputs: list[Output]) -> dict[tuple[int, int], Output]:
     for output in outputs:
         first.setdefault((output.source_partition, output.source_offset), output)
     return first
+
+
+async def outputs_by_trace_id(
+    bootstrap: str, topics: list[str], wanted: set[str], timeout: float
+) -> dict[str, list[tuple[str, float | None]]]:
+    """trace id -> (output topic, score) of each of its outputs, read from the beginning of
+    ``topics`` until every wanted id has one. A dead letter without a value is keyed
+    ``dead:<record key>`` and has no score."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    outputs: dict[str, list[tuple[str, float | None]]] = {}
+    try:
+        partitions = await wait_for_partitions(bootstrap, topics, timeout)
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not wanted <= set(outputs):
+            for messages in (await consumer.getmany(timeout_ms=300)).values():
+                for m in messages:
+                    if not m.value:
+                        outputs.setdefault(f"dead:{m.key!r}", []).append((m.topic, None))
+                        continue
+                    value = orjson.loads(m.value)
+                    score = value["score"]["score"] if "score" in value else None
+                    outputs.setdefault(value["trace"]["id"], []).append((m.topic, score))
+    finally:
+        await consumer.stop()
+    return outputs

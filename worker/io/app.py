@@ -40,7 +40,8 @@ from worker.stream.processor import StreamScorer
 log = logging.getLogger(__name__)
 
 STARTUP_BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
-# The connectivity probe: the input topic's end offsets, asked for this often, this patiently.
+# The connectivity probe: metadata and the owned partitions' end offsets, this often, this
+# patiently.
 PROBE_INTERVAL_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 3.0
 # At a stop: how long to ask the broker whether every published record's offset is committed.
@@ -318,7 +319,8 @@ def create_app(settings: Settings | None = None) -> ScorerApp:
             return
         observer = app.observer
         try:
-            ends = await app._reader.probe(settings.input_topic, PROBE_TIMEOUT_SECONDS)
+            owned = app.stream_scorer.owned()
+            ends = await app._reader.probe(owned, PROBE_TIMEOUT_SECONDS)
         except (TimeoutError, KafkaError, OSError) as exc:
             observer.broker_unreachable(exc)
         else:

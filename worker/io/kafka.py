@@ -219,14 +219,17 @@ class PartitionLogReader:
     async def partitions(self, topic: str) -> list[int]:
         return await topic_partitions(self._settings, topic)
 
-    async def probe(self, topic: str, timeout: float) -> dict[tuple[str, int], int]:
-        """The topic's end offsets per partition (asked of the leaders a fetch reads from),
-        within ``timeout`` seconds; raises if the broker cannot answer."""
+    async def probe(
+        self, partitions: Sequence[tuple[str, int]], timeout: float
+    ) -> dict[tuple[str, int], int]:
+        """The end offsets of ``partitions`` (asked of their leaders, as a fetch would be),
+        after the cluster's metadata, within ``timeout`` seconds; raises if the broker cannot
+        answer. With no partitions, the metadata request alone tells whether it answers."""
 
         async def ask() -> dict[tuple[str, int], int]:
-            await self._consumer.topics()  # refreshes metadata
-            partitions = self._consumer.partitions_for_topic(topic) or ()
-            ends = await self._consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+            await self._consumer.topics()
+            wanted = [TopicPartition(topic, partition) for topic, partition in partitions]
+            ends = await self._consumer.end_offsets(wanted) if wanted else {}
             return {(tp.topic, tp.partition): end for tp, end in ends.items()}
 
         return await asyncio.wait_for(ask(), timeout)

@@ -95,7 +95,8 @@ broker_reachable = Gauge(
 )
 seconds_since_last_fetch = Gauge(
     "kp_seconds_since_last_fetch",
-    "Seconds since records or the input topic's end offsets last came back from the broker",
+    "Seconds since records, or an answer to the 2 s probe (metadata, end offsets), last came "
+    "back from the broker",
 )
 seconds_since_last_publish = Gauge(
     "kp_seconds_since_last_publish",
