@@ -1,5 +1,5 @@
 """The tests' fixtures, registered by ``tests/conftest.py``: one Kafka broker for the whole
-test session, and unique topic names.
+test session, unique topic names, and settings isolated from the environment.
 
 Which broker, in order:
 1. ``KAFKA_BOOTSTRAP_SERVERS`` if set (an existing cluster; probed first).
@@ -12,6 +12,7 @@ Which broker, in order:
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -78,6 +79,19 @@ def new_topic_name() -> Callable[[str], str]:
         return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
     return make
+
+
+@pytest.fixture
+def isolated_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No KP_* settings from the environment; the CLI's logging setup is undone afterwards."""
+    for name in list(os.environ):
+        if name.upper().startswith("KP_") or name == "KAFKA_BOOTSTRAP_SERVERS":
+            monkeypatch.delenv(name)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def _docker_usable() -> bool:

@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +42,8 @@ WORKER_SOURCES = REPO / "worker"
 
 
 @pytest.fixture(autouse=True)
-def isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No KP_* settings from the environment; the CLI's logging setup is undone afterwards."""
-    for name in list(os.environ):
-        if name.upper().startswith("KP_") or name == "KAFKA_BOOTSTRAP_SERVERS":
-            monkeypatch.delenv(name)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+def isolated(isolated_settings: None) -> None:
+    """Every test here runs with settings isolated from the environment."""
 
 
 def clean_env(**env: str) -> dict[str, str]:

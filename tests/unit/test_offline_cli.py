@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import io
-import logging
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +32,8 @@ from support.traces import (
 
 
 @pytest.fixture(autouse=True)
-def isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No KP_* settings from the environment; the CLI's logging setup is undone afterwards."""
-    for name in list(os.environ):
-        if name.startswith("KP_") or name == "KAFKA_BOOTSTRAP_SERVERS":
-            monkeypatch.delenv(name)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+def isolated(isolated_settings: None) -> None:
+    """Every test here runs with settings isolated from the environment."""
 
 
 def jsonl(*lines: bytes) -> bytes:
