@@ -64,6 +64,22 @@ def test_lag_of_a_backlog_found_on_assignment_and_of_revoked_partitions() -> Non
     assert lag.snapshot() == [], "partitions not owned are ignored"
 
 
+def test_a_lone_offset_no_record_fills_stops_counting_as_waiting() -> None:
+    """A transaction's commit marker takes the last offset: one behind, for good."""
+    clock = Clock()
+    lag = PartitionLag(clock)
+    lag.assigned([TP])
+    lag.started(TP, 0)
+    lag.log_ends({TP: 5})
+    lag.finished(TP, 3, timestamp_ms=999_000)
+    assert lag.records_waiting(settled_after=60) == 1, "the last record may still come"
+    clock.now += 61
+    assert lag.records_waiting(settled_after=60) == 0
+    assert lag.snapshot()[0].records == 1, "the lag itself still shows it"
+    lag.log_ends({TP: 7})
+    assert lag.records_waiting(settled_after=60) == 3, "new records count at once"
+
+
 def test_liveness_fails_when_records_wait_and_nothing_moves() -> None:
     clock = Clock()
     waiting = [0]

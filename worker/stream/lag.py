@@ -28,6 +28,7 @@ class _Partition:
     log_end: int | None = None
     last_timestamp: float | None = None  # of the last finished record, seconds
     caught_up_at: float | None = None
+    end_moved_at: float | None = None
 
     def note_caught_up(self, now: float) -> None:
         if self.position is not None and self.log_end is not None and self.position >= self.log_end:
@@ -96,7 +97,8 @@ class PartitionLag:
             for tp, end in ends.items():
                 state = self._partitions.get(tp)
                 if state is not None:
-                    state.log_end = max(state.log_end or 0, end)
+                    if state.log_end is None or end > state.log_end:
+                        state.log_end, state.end_moved_at = end, now
                     state.note_caught_up(now)
 
     def snapshot(self) -> list[Lag]:
@@ -121,5 +123,18 @@ class PartitionLag:
         with self._lock:
             return dict(self._finished)
 
-    def records_waiting(self) -> int:
-        return sum(lag.records for lag in self.snapshot())
+    def records_waiting(self, settled_after: float) -> int:
+        """Records behind the log's end, for liveness. A partition exactly one behind whose end
+        has not moved for ``settled_after`` seconds does not count: on a topic written in
+        transactions, the last commit marker takes an offset that no record fills."""
+        now = self._clock()
+        waiting = 0
+        with self._lock:
+            for state in self._partitions.values():
+                if state.position is None or state.log_end is None:
+                    continue
+                behind = state.log_end - state.position
+                settled = state.end_moved_at is None or now - state.end_moved_at > settled_after
+                if behind > 1 or (behind == 1 and not settled):
+                    waiting += behind
+        return waiting

@@ -28,7 +28,9 @@ class MetricsObserver:
         self.latency_budget_seconds = latency_budget_seconds
         self.broker = broker or BrokerHealth()
         self.lag = PartitionLag()
-        self.health = WorkerHealth(stall_seconds, records_waiting=self.lag.records_waiting)
+        self.health = WorkerHealth(
+            stall_seconds, records_waiting=lambda: self.lag.records_waiting(stall_seconds)
+        )
 
     def watch(self) -> None:
         """Make the scrape-time metrics (connectivity, lag) read this observer's state."""
