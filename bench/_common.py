@@ -321,12 +321,35 @@ class OutputCollector:
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        task, consumer, self._task, self._consumer = self._task, self._consumer, None, None
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
+                await task
+        if consumer is not None:
+            await consumer.stop()
+
+
+class OutputCount:
+    """How many outputs the worker has had acknowledged (``kp_records_total`` on its /metrics,
+    counted after each publish is acknowledged): lets a bench wait for its outputs without
+    reading them while the worker runs on the same cores. End offsets would be cheaper still,
+    but a broker may answer them per batch rather than per record."""
+
+    def __init__(self, process: Worker) -> None:
+        self._worker = process
+
+    async def total(self) -> int:
+        samples = scrape(await asyncio.to_thread(self._worker.metrics_text))
+        return int(sum(v for (name, _), v in samples.items() if name == "kp_records_total"))
+
+    async def wait_for(self, count: int, timeout: float, poll_seconds: float = 0.25) -> None:
+        """Until the worker has had ``count`` outputs (or more) acknowledged."""
+        deadline = time.monotonic() + timeout
+        while await self.total() < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the worker acknowledged fewer than {count} outputs")
+            await asyncio.sleep(poll_seconds)
 
 
 def _source(decision: str, message: object) -> tuple[int, int]:
