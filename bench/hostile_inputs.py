@@ -12,8 +12,10 @@ Every case is built here, in memory, as close to the size limit as its shape all
   value; one field padding the trace to exactly the limit; an unknown field holding the most
   small arrays or numbers that fit (the most Python objects per byte);
 - invalid: an error in the last of the most steps that fit, in every one of them, or at the
-  root of such a trace; a duplicate key deep in the last step; nesting one level over the
-  limit and past orjson's own limit; JSON cut short by one byte; one byte over the limit.
+  root of such a trace; a duplicate key deep in the last step, written compactly (orjson's own
+  text up to the key: only the last steps are parsed again) or with Python json.dumps' spaces
+  (parsed again from the first space on); nesting one level over the limit and past orjson's
+  own limit; JSON cut short by one byte; one byte over the limit.
 
 Columns, in milliseconds, each the median of ``--repeats`` runs: ``orjson`` is bare
 ``orjson.loads`` (the floor any decode pays: it builds every Python object), ``decode`` is
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import os
 import platform
 import statistics
@@ -189,6 +192,23 @@ def nesting_in_last_step(steps: bytes, levels: int) -> bytes:
     return replace_last(steps, b'"type":"thought"}', deep + b'"type":"thought"}')
 
 
+def spaced_duplicate(limit: int) -> bytes:
+    """A trace written as Python's json.dumps writes it, with a duplicate key in its last step.
+
+    Thin steps, as many as fit with a space after each separator; the last step's input nests
+    five objects deep, the innermost with a key twice.
+    """
+    deep = '"input": ' + '{"a": ' * 4 + '{"a": 1, "a": 2}' + "}" * 4 + ", "
+    size = len(json.dumps(base())) + len(deep)
+    steps: list[dict[str, Any]] = []
+    while size + len(json.dumps(thin_step(len(steps)))) + 2 <= limit:
+        size += len(json.dumps(thin_step(len(steps)))) + 2
+        steps.append(thin_step(len(steps)))
+    text = json.dumps(base(steps=steps))
+    cut = text.rindex('"type": "thought"}')
+    return (text[:cut] + deep + text[cut:]).encode()
+
+
 def cases(limit: int) -> list[Case]:
     most = fill_steps(limit, thin_step)
     room = fill_steps(limit - 2 * MAX_DEPTH * 6, thin_step)  # room for a deep last input
@@ -231,6 +251,7 @@ def cases(limit: int) -> list[Case]:
             "bad: duplicate key deep in last step",
             nesting_in_last_step(room, 8).replace(b'"a":1}', b'"a":1,"a":2}'),
         ),
+        Case("bad: duplicate key, json.dumps spacing", spaced_duplicate(limit)),
         Case("bad: cut one byte short", most[:-1]),
         Case("bad: one byte over the limit", padded(base(steps=one), limit + 1)),
     ]

@@ -43,9 +43,9 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 import orjson
-from worker.core.quantize import RECIPES, DerivedModel, derive_int8_model
 
 from worker.core.embedder import OnnxEmbedder, _packaged_model
+from worker.core.quantize import RECIPES, DerivedModel, derive_int8_model
 from worker.core.records import Decision, SourceRecord
 from worker.core.scorer import build_scorer
 from worker.settings import DEFAULT_TOKENIZER_PATH, load_settings

@@ -1,9 +1,10 @@
 """The trace schema, checked in time bounded by the document's size.
 
 The rules live only in ``schemas/reasoning-trace.schema.json``. ``jsonschema-rs`` checks a
-document in one pass. Only an invalid document is searched for the error to report, with
-depth-limited copies of the same schema: a few passes, never one Python object per error (a
-huge array of bad items has one per item).
+document in one pass (the steps a run at a time, so that a failure says which came before it
+valid). Only an invalid document is searched for the error to report, with depth-limited
+copies of the same schema: a few passes over the steps from the first invalid run on, never
+one Python object per error (a huge array of bad items has one per item).
 
 The error reported is the one ``jsonschema``'s ``best_match`` picks: the shallowest, then the
 one with the greatest path, then one whose value has the wrong type for its subschema.
@@ -11,7 +12,8 @@ one with the greatest path, then one whose value has the wrong type for its subs
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -226,12 +228,6 @@ def _compile(schema: dict[str, Any]) -> jsonschema_rs.Validator:
 
 
 @cache
-def _validator() -> jsonschema_rs.Validator:
-    """The whole trace schema: the one check every valid trace pays for."""
-    return _compile(_schema())
-
-
-@cache
 def _within(view: _View, levels: int) -> jsonschema_rs.Validator:
     """Valid iff nothing is wrong at this place or up to ``levels`` levels below it."""
     parts = [_truncated(node, levels) for node in view]
@@ -312,9 +308,28 @@ def _wrong_type(owner: _Node, value: object) -> bool:
     return not any(_is_type(value, name) for name in names)
 
 
-def _last_invalid_item(items: list[Any], check: jsonschema_rs.Validator) -> int | None:
-    """Greatest index whose item fails ``check``: halving from the end, about one pass in all."""
-    low, high, known = 0, len(items), False
+def _last_invalid_item(
+    items: list[Any], check: jsonschema_rs.Validator, floor: int = 0
+) -> int | None:
+    """Greatest index whose item fails ``check``; items before ``floor`` are known to be valid.
+
+    Runs that double from the end come first, so an error near the end costs a check of the
+    items after it; once they would cover a quarter of the items, the rest is halved: about
+    one pass in all, wherever the error is.
+    """
+    high, width, budget = len(items), 1, (len(items) - floor) // 4
+    while width <= budget:
+        low = high - width
+        if not check.is_valid(items[low:high]):
+            return _halved(items, check, low, high, known=True)
+        high, budget, width = low, budget - width, width * 2
+    return _halved(items, check, floor, high, known=False)
+
+
+def _halved(
+    items: list[Any], check: jsonschema_rs.Validator, low: int, high: int, *, known: bool
+) -> int | None:
+    """Greatest index in ``low:high`` whose item fails ``check`` (``known``: one does), halving."""
     while high - low > 1:
         middle = (low + high) // 2
         if check.is_valid(items[middle:high]):
@@ -343,11 +358,19 @@ def _local_reason(instance: Any, view: _View, path: _Path) -> str | None:
     return _describe(path, keyword, value, instance)
 
 
-def _reason_below(instance: Any, view: _View, levels: int, path: _Path) -> str | None:
+def _reason_below(
+    instance: Any,
+    view: _View,
+    levels: int,
+    path: _Path,
+    floor: int = 0,
+    floors: Mapping[str, int] | None = None,
+) -> str | None:
     """The reported error exactly ``levels`` below this place, knowing none is shallower.
 
     Children are tried from the greatest key down, as best_match prefers the greatest path.
-    An array is never checked item by item: ``_last_invalid_item`` halves it instead.
+    An array is never checked item by item: ``_last_invalid_item`` searches it in runs, from
+    ``floor`` on (``floors`` for an object's arrays) when the items before are known valid.
     """
     if levels == 0:
         return _local_reason(instance, view, path)
@@ -356,28 +379,79 @@ def _reason_below(instance: Any, view: _View, levels: int, path: _Path) -> str |
             child, child_view = instance[name], _property_view(view, name)
             # An array child cannot fail here (that would be shallower): its items are searched.
             if isinstance(child, list) or not _within(child_view, levels - 1).is_valid(child):
-                reason = _reason_below(child, child_view, levels - 1, [*path, name])
+                below = floors.get(name, 0) if floors else 0
+                reason = _reason_below(child, child_view, levels - 1, [*path, name], below)
                 if reason is not None:
                     return reason
     elif isinstance(instance, list) and (items := _items_view(view)):
-        index = _last_invalid_item(instance, _items_within(items, levels - 1))
+        index = _last_invalid_item(instance, _items_within(items, levels - 1), floor)
         if index is not None:
             return _reason_below(instance[index], items, levels - 1, [*path, index])
     return None
 
 
-def _reason(document: dict[str, Any]) -> str:
+def _reason(document: dict[str, Any], floors: Mapping[str, int]) -> str:
     """The error best_match would report, found with depth-limited checks of the schema.
 
     best_match ranks errors by (shallowest path, greatest path, wrong type for its subschema)
     and takes the first of the best. So: try each depth from the root down, and at the first
-    depth that has an error, walk to it through the greatest keys that hold one.
+    depth that has an error, walk to it through the greatest keys that hold one. ``floors``:
+    how many leading items of root arrays are known to be valid.
     """
     for depth in range(MAX_ERROR_DEPTH):
-        reason = _reason_below(document, _ROOT, depth, [])
+        reason = _reason_below(document, _ROOT, depth, [], floors=floors)
         if reason is not None:
             return reason
     raise _SearchFailedError
+
+
+# --- the check every trace pays for -----------------------------------------------------------
+
+_RUN = 1024  # items of a root array checked per call
+
+
+@cache
+def _root_arrays() -> dict[str, jsonschema_rs.Validator]:
+    """Root properties holding arrays whose items are checked a run at a time (a trace's steps).
+
+    Only arrays whose ``items`` sit in the property's own subschema (not behind a $ref, which
+    other places may share), each with a check of its items.
+    """
+    arrays: dict[str, jsonschema_rs.Validator] = {}
+    for name in sorted(_property_names(_ROOT)):
+        view = _property_view(_ROOT, name)
+        if all("items" in _at(node) and "$ref" not in _at(node) for node in view):
+            arrays[name] = _items_within(_items_view(view), MAX_ERROR_DEPTH)
+    return arrays
+
+
+@cache
+def _root_check() -> jsonschema_rs.Validator:
+    """The whole schema but the items of ``_root_arrays``."""
+    schema = copy.deepcopy(_schema())
+    for name in _root_arrays():
+        for node in _property_view(_ROOT, name):
+            del _resolve(schema, node)["items"]
+    return _compile(schema)
+
+
+def _check(document: dict[str, Any]) -> tuple[bool, dict[str, int]]:
+    """Whether ``document`` is valid; if not, how many leading items of root arrays are valid.
+
+    The same checks as one call of the whole schema, in pieces: a root array's items a run at
+    a time, in order. A trace whose only error is in its last steps then needs its error
+    search over those steps alone, not over the ten thousand valid ones before them.
+    """
+    if not _root_check().is_valid(document):
+        return False, {}
+    for name, check in _root_arrays().items():
+        items = document.get(name)
+        if not isinstance(items, list):
+            continue
+        for start in range(0, len(items), _RUN):
+            if not check.is_valid(items[start : start + _RUN]):
+                return False, {name: start}
+    return True, {}
 
 
 def check_trace_document(document: dict[str, Any]) -> None:
@@ -385,11 +459,11 @@ def check_trace_document(document: dict[str, Any]) -> None:
 
     The fast path builds no error objects; only an invalid document is searched.
     """
-    validator = _validator()
     try:
-        if validator.is_valid(document):
+        valid, floors = _check(document)
+        if valid:
             return
-        reason = _reason(document)
+        reason = _reason(document, floors)
     except _SearchFailedError:
         reason = "does not match the schema"
     except ValueError as exc:

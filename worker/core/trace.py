@@ -3,8 +3,8 @@
 Each step costs time bounded by the size of the input, with a small constant, so that no
 message can stall a partition: orjson decodes; one orjson write-back of the result checks the
 nesting depth and, by counting colons, whether orjson silently dropped a repeated key (only
-then does the slower exact pass that names the key run); :mod:`worker.core.schema` checks the
-rules of the schema file.
+then does the exact pass that names the key run, over the least of the input it can);
+:mod:`worker.core.schema` checks the rules of the schema file.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import gc
 import json
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cache
+from itertools import islice
 from typing import Any
 
 import orjson
@@ -146,11 +147,12 @@ def _too_deep() -> InvalidJsonError:
 
 
 def _write_back(document: dict[str, Any] | list[Any], raw: bytes) -> bytes:
-    """orjson's bytes for ``document``, written inside enough arrays to fail past MAX_DEPTH.
+    """orjson's bytes for ``document``: its canonical text, and a depth check on the way.
 
     orjson refuses to write more levels than it can (``_orjson_write_depth``); wrapping the
     document in that many minus MAX_DEPTH arrays makes the write fail exactly when the
-    document nests deeper than MAX_DEPTH: a depth check at the speed of a C serializer.
+    document nests deeper than MAX_DEPTH: a depth check at the speed of a C serializer. The
+    wrapping arrays are cut off again.
     """
     spare = _orjson_write_depth() - MAX_DEPTH
     if spare < 0:  # an orjson that writes fewer levels than the limit: walk instead
@@ -161,11 +163,12 @@ def _write_back(document: dict[str, Any] | list[Any], raw: bytes) -> bytes:
     for _ in range(spare):
         wrapped = [wrapped]
     try:
-        return orjson.dumps(wrapped)
+        written = orjson.dumps(wrapped)
     except orjson.JSONEncodeError as exc:
         if "recursion" in str(exc).lower() or _nested_deeper_than(document, raw, MAX_DEPTH):
             raise _too_deep() from None
         raise InvalidJsonError(f"not valid JSON: {exc}") from None
+    return written[spare:-spare] if spare else written
 
 
 def _dropped_a_key(raw: bytes, written: bytes) -> bool:
@@ -201,6 +204,180 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
         seen.add(key)
 
 
+def _common_prefix(first: bytes, second: bytes) -> int:
+    """Length of the longest common prefix, by halving: a few memcmp calls, no loop per byte."""
+    low, high = 0, min(len(first), len(second))
+    while low < high:  # first[:low] == second[:low]; they differ somewhere before high + 1
+        middle = (low + high + 1) // 2
+        if first[low:middle] == second[low:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+_FEW_PAIRS = 32  # an object with no more pairs than this has each written on its own
+
+
+@dataclass(slots=True)
+class _Rewrites:
+    """Bytes the walk to where the input differs may still write to measure children.
+
+    Each level writes about its own container once, so a chain of nested containers, each
+    nearly the whole document, would write the document once per level: past an allowance of
+    twice the document the walk stops, and the exact pass starts at the container it reached
+    (as exact, less narrow).
+    """
+
+    left: int
+
+    def run_length(
+        self, node: dict[str, Any] | list[Any], items: list[Any], low: int, high: int
+    ) -> int:
+        """Bytes orjson writes for children ``low:high`` of ``node``, commas between included."""
+        run = items[low:high]
+        written = orjson.dumps(dict(run) if isinstance(node, dict) else run)
+        self.left -= len(written)
+        return len(written) - 2
+
+
+def _halve(
+    node: dict[str, Any] | list[Any],
+    items: list[Any],
+    low: int,
+    high: int,
+    span: tuple[int, int],
+    at: int,
+    rewrites: _Rewrites,
+) -> tuple[int, int, int]:
+    """Index, start and end of the child among ``low:high`` (written at ``span``) reaching ``at``.
+
+    Each step writes the first half of what is left: about one write of the run in all.
+    """
+    base, stop = span
+    while high - low > 1:
+        middle = (low + high) // 2
+        split = base + rewrites.run_length(node, items, low, middle) + 1
+        if at < split:
+            high, stop = middle, split - 1
+        else:
+            low, base = middle, split
+    return low, base, stop
+
+
+def _child_at(
+    node: dict[str, Any] | list[Any],
+    items: list[Any],
+    span: tuple[int, int],
+    at: int,
+    rewrites: _Rewrites,
+) -> tuple[int, int, int]:
+    """Index, start and end of the child of ``node`` (written at ``span``) reaching ``at``.
+
+    Children are measured by writing them again with orjson, starting from the end of the run
+    nearer to ``at`` with runs that double (a trace's error is as often in its last step as in
+    its first), then halving the run that reaches ``at``. An object with few pairs has each
+    written on its own but its largest, which is then measured by what is left: a trace's
+    ``steps`` is not written again to find out that ``at`` lies inside it.
+    """
+    count = len(items)
+    first, last = span[0] + 1, span[1] - 1  # where the children's text starts and ends
+    if isinstance(node, dict) and count <= _FEW_PAIRS:
+        hints = [len(value) if isinstance(value, str | list | dict) else 0 for _, value in items]
+        largest = hints.index(max(hints))
+        sizes = [
+            rewrites.run_length(node, items, index, index + 1) if index != largest else 0
+            for index in range(count)
+        ]
+        sizes[largest] = last - first - sum(sizes) - (count - 1)
+        offset = first
+        for index, size in enumerate(sizes):
+            if at < offset + size + 1:
+                return index, offset, offset + size
+            offset += size + 1
+        return count - 1, offset - sizes[-1] - 1, last
+    width = 1
+    if at - first <= last - at:
+        low, base = 0, first
+        while True:
+            high = min(low + width, count)
+            length = rewrites.run_length(node, items, low, high)
+            if at < base + length + 1 or high == count:
+                break
+            low, base, width = high, base + length + 1, width * 2
+    else:
+        high, stop = count, last
+        while True:
+            low = max(high - width, 0)
+            length = rewrites.run_length(node, items, low, high)
+            if at >= stop - length - 1 or low == 0:
+                break
+            high, stop, width = low, stop - length - 1, width * 2
+        base = stop - length
+    return _halve(node, items, low, high, (base, base + length), at, rewrites)
+
+
+def _child_holding(
+    node: dict[str, Any] | list[Any], span: tuple[int, int], at: int, rewrites: _Rewrites
+) -> tuple[bytes, Any, tuple[int, int]] | None:
+    """The container child of ``node`` open at offset ``at`` of the canonical text, if any.
+
+    ``node`` is written at ``span`` of the text. Returns the text that opens ``node`` up to
+    that child (for an object, the keys before it, with dummy values: they closed before
+    ``at``), the child, and where the child is written.
+    """
+    items: list[Any] = list(node.items()) if isinstance(node, dict) else node
+    if not items:
+        return None
+    index, begin, finish = _child_at(node, items, span, at, rewrites)
+    if isinstance(node, dict):
+        key, child = items[index]
+        written_key = orjson.dumps(key)
+        before = orjson.dumps(dict.fromkeys(islice(node, index), 0))[:-1]
+        opening = before + (b"," if index else b"") + written_key + b":"
+        begin += len(written_key) + 1
+    else:
+        child, opening = items[index], b"["
+    if isinstance(child, dict | list) and begin < at < finish:
+        return opening, child, (begin, finish)
+    return None
+
+
+def _raise_first_duplicate(raw: bytes, document: dict[str, Any], written: bytes) -> None:
+    """Raise the DuplicateKeyError that json's exact pass over ``raw`` raises, parsing less.
+
+    ``written`` is orjson's canonical text of ``document``. Up to the first byte where ``raw``
+    differs from it, ``raw`` holds no object with a repeated key (written has none, and the
+    same text is the same objects), so every object that closes before that byte can be
+    skipped: json parses from the innermost container open there, inside a stand-in for its
+    ancestors that repeats their keys seen so far. The first object that closes with a
+    repeated key is then the same one, with the same key, as in a pass over all of ``raw``.
+
+    Compact JSON with unescaped UTF-8 (orjson's, JavaScript's JSON.stringify's) costs a parse
+    of the objects around the repeated key. Input that differs from orjson's text early
+    (Python's json.dumps puts a space after each separator) costs a parse from there to the
+    object with the repeated key, at worst all of it, as the exact pass always did.
+    """
+    body = raw.lstrip(b" \t\n\r")
+    at = _common_prefix(body, written)
+    node: dict[str, Any] | list[Any] = document
+    heads: list[bytes] = []
+    span, rewrites = (0, len(written)), _Rewrites(left=2 * len(written))
+    while rewrites.left > 0 and (child := _child_holding(node, span, at, rewrites)):
+        opening, node, span = child
+        heads.append(opening)
+    narrowed = b"".join(heads) + body[span[0] :]
+    with _gc_paused():
+        try:
+            with suppress(ValueError):  # never expected: the stand-in is JSON when raw is
+                json.loads(narrowed, object_pairs_hook=_reject_duplicate_keys)
+            # Never reached either (the narrowed text holds the object with the repeated key),
+            # but if it were: the pass over all of raw.
+            json.loads(raw, object_pairs_hook=_reject_duplicate_keys)
+        except RecursionError:
+            raise InvalidJsonError("not valid JSON: nesting too deep") from None
+
+
 def decode_json(
     raw: bytes | None,
     max_bytes: int = DEFAULT_MAX_BYTES,
@@ -229,13 +406,9 @@ def decode_json(
         return document
     written = _write_back(document, raw)
     if isinstance(document, dict) and _dropped_a_key(raw, written):
-        # The exact pass names the first duplicate key; it builds every object in Python,
-        # so it runs only for input that has one.
-        try:
-            with _gc_paused():
-                json.loads(raw, object_pairs_hook=_reject_duplicate_keys)
-        except RecursionError:
-            raise InvalidJsonError("not valid JSON: nesting too deep") from None
+        # The exact pass names the first duplicate key; it builds objects in Python, so it
+        # runs only for input that has one.
+        _raise_first_duplicate(raw, document, written)
     return document
 
 
