@@ -253,3 +253,51 @@ def test_records_embed_side_by_side_and_identical_texts_in_flight_run_once() -> 
     reused = REGISTRY.get_sample_value("kp_embeddings_reused_total") - reused_before
     assert reused == 3
     assert elapsed < 6 * 0.05, "the runs overlapped"
+
+
+def test_close_publishes_what_is_in_the_pipeline_and_takes_nothing_new() -> None:
+    records = log_of(8, 0, repeat_every=8)
+    first, later = records[:4], records[4:]
+    publisher = FakePublisher()
+    acknowledged: list[int] = []
+
+    def ack(offset: int):
+        async def acknowledge() -> None:
+            acknowledged.append(offset)
+
+        return acknowledge
+
+    async def scenario() -> list[RoutedRecord | None]:
+        stream = StreamScorer(
+            Scorer(load_profiles(None), Thresholds(), PartitionCaches(), SlowEmbedder()),
+            FakeLog(records, committed=0),
+            publisher,
+            max_in_flight_records=4,
+        )
+        pending = await stream.submit(first, acknowledgements=[ack(r.offset) for r in first])
+        await stream.close(timeout=5)
+        late = await stream.submit(later, acknowledgements=[ack(r.offset) for r in later])
+        return await asyncio.gather(*pending, *late)
+
+    results = run(scenario())
+    assert [r.source.offset for r in publisher.published] == [0, 1, 2, 3]
+    assert acknowledged == [0, 1, 2, 3], "everything published is acknowledged before the stop"
+    assert results[4:] == [None] * 4, "records after the stop are left for the next worker"
+
+
+def test_close_abandons_what_cannot_be_published_in_time() -> None:
+    records = log_of(2, 0)
+
+    class StuckPublisher(FakePublisher):
+        async def publish(self, routed: Sequence[RoutedRecord]) -> None:
+            await asyncio.sleep(60)
+
+    async def scenario() -> float:
+        stream = StreamScorer(scorer(), FakeLog(records, committed=0), StuckPublisher())
+        await stream.submit(records)
+        started = time.monotonic()
+        await stream.close(timeout=0.2)
+        assert stream._tasks == set()
+        return time.monotonic() - started
+
+    assert run(scenario()) < 2

@@ -46,6 +46,10 @@ PROBE_INTERVAL_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 3.0
 # At a stop: how long to ask the broker whether every published record's offset is committed.
 COMMIT_CHECK_SECONDS = 3.0
+# At a stop: how long records already in the pipeline may take to be published (at most this
+# share of the shutdown deadline) before they are abandoned to the next worker.
+DRAIN_SECONDS = 5.0
+DRAIN_SHARE_OF_DEADLINE = 0.25
 
 
 def _credentials(settings: Settings) -> Any:
@@ -208,6 +212,20 @@ class ScorerApp(faust.App):
         """A record could not be scored or published: exit rather than idle with a gap (the
         record and everything after it is redelivered to the next worker)."""
         self.loop.create_task(self.crash(exc))
+
+    async def on_stop(self) -> None:
+        # Before faust stops the consumer (whose last commit covers only acknowledged
+        # records): finish what is in the pipeline, so that no record is published after that
+        # commit and delivered again to the next worker.
+        self.observer.health.stopping()
+        if self.stream_scorer is not None:
+            await self.stream_scorer.close(
+                min(
+                    DRAIN_SECONDS,
+                    self.scorer_settings.shutdown_timeout_seconds * DRAIN_SHARE_OF_DEADLINE,
+                )
+            )
+        await super().on_stop()
 
     async def on_shutdown(self) -> None:
         self.observer.health.stopping()

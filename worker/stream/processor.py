@@ -76,6 +76,7 @@ class StreamScorer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(max_in_flight_records)
         self._depth = 0
+        self._closed = False
         # One thread decodes (bounded time per record, and off the event loop so the consumer
         # keeps heartbeating); each extra thread would also grow its own malloc arena.
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="kp-decode")
@@ -132,6 +133,11 @@ class StreamScorer:
                 jobs.append(self._job(record, at, acknowledge))
         for job in jobs:
             await self._slots.acquire()
+            if self._closed:  # stopping: left unacknowledged, so it is delivered again
+                self._slots.release()
+                job.scored.set_result(None)
+                job.published.set_result(None)
+                continue
             self._depth += 1
             self.observer.record_entered(self._depth)
             self._in_flight[job.record.topic_partition].add(job)
@@ -151,8 +157,24 @@ class StreamScorer:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
+    async def close(self, timeout: float) -> None:
+        """Take no more records and let those in the pipeline finish within ``timeout``
+        seconds, so that the consumer's last commit covers every published record; what is
+        still unfinished then is abandoned (see :meth:`stop`)."""
+        self._closed = True
+        try:
+            async with asyncio.timeout(timeout):
+                await self.drain()
+        except TimeoutError:
+            log.warning(
+                "records still in the pipeline at the stop; they will be redelivered",
+                extra={"records": self._depth, "waited_s": timeout},
+            )
+        await self.stop()
+
     async def stop(self) -> None:
         """Abandon what is in the pipeline: none of it was acknowledged, so it is redelivered."""
+        self._closed = True
         self.on_failure = None
         for task in list(self._tasks):
             task.cancel()
