@@ -145,6 +145,7 @@ async def run_worker(
         await c.create_topics(broker.bootstrap_servers, topics)
         worker.start()
         await worker.wait_serving()
+        rss_ready = c.proc_status_kib(worker.pid or 0, "VmRSS") / 1024
         await collector.start()
         warm = await c.produce_burst(
             broker.bootstrap_servers,
@@ -154,6 +155,7 @@ async def run_worker(
         await collector.wait_for([(s.partition, s.offset) for s in warm], timeout=180)
         await collector.stop()
         outputs_before = await count.total()
+        rss_warm = c.proc_status_kib(worker.pid or 0, "VmRSS") / 1024
         await asyncio.sleep(0.5)
         before = c.scrape(await asyncio.to_thread(worker.metrics_text))
         cpu_before = {
@@ -206,8 +208,9 @@ async def run_worker(
         + f"  (wall {wall:.2f} s, {os.cpu_count()} cores)"
     )
     lines.append(
-        f"  worker RSS {rss:.0f} MiB (peak {hwm:.0f} MiB); {len(outputs) / worker_cpu:.1f} "
-        "traces per worker CPU-second"
+        f"  worker RSS {rss:.0f} MiB (peak {hwm:.0f} MiB; {rss_ready:.0f} MiB when ready, "
+        f"{rss_warm:.0f} MiB after the {WARMUP_RECORDS}-trace warm-up); "
+        f"{len(outputs) / worker_cpu:.1f} traces per worker CPU-second"
     )
     lines.append("  pipeline over the backlog (worker /metrics deltas):")
     lines += ["  " + line for line in c.pipeline_lines(diff, span)]
