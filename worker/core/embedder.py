@@ -13,10 +13,7 @@ in any batch.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
-import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,6 +26,7 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from worker.core.digest import file_sha256
+from worker.memory import release_freed_memory
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -236,7 +234,9 @@ class OnnxEmbedder:
             concurrency=concurrency,
         )
         embedder._smoke_test(model_path, max_tokens)
-        _release_freed_memory()
+        # Loading turns the packaged int8 weights into float32 constants; trimming the freed
+        # temporaries took 35 MiB off a loaded embedder's resident size (bench/RESULTS.md).
+        release_freed_memory()
         return embedder
 
     def _smoke_test(self, model_path: Path, max_tokens: int) -> None:
@@ -398,22 +398,6 @@ def _open_session(model_path: Path, intra_op_threads: int) -> ort.InferenceSessi
             "expected a BERT-style sentence encoder"
         )
     return session
-
-
-def _release_freed_memory() -> None:
-    """Hand back to the system what loading the model allocated and freed.
-
-    onnxruntime turns the packaged int8 weights into float32 constants while it loads the
-    model; glibc keeps the freed temporaries in its heaps. Trimming them took 35 MiB off the
-    resident size of a loaded embedder (bench/RESULTS.md, memory). Elsewhere a no-op.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # a C library without malloc_trim (musl)
-        pass
 
 
 _ARENA_GROW_AS_REQUESTED = 1  # onnxruntime's kSameAsRequested (0 is kNextPowerOfTwo)

@@ -1,0 +1,116 @@
+"""Resident memory of a live worker whose 16 partitions' novelty caches are full.
+
+    python bench/live_memory.py [--env KEY=VALUE ...]
+
+Starts the embedded broker and one `kp-scorer worker` (shipped settings unless --env says
+otherwise) on an input topic of 16 partitions, then produces 1,250 traces to each partition
+(examples/traces.jsonl with unique ids; its 50 texts repeat, so most vectors are reused and
+the caches fill in seconds rather than the minutes 16,000 model runs would take). Once every
+output is acknowledged it reads the worker's `kp_cache_entries` and its VmRSS / VmHWM, and
+prints them against the 350 MB target for a worker with 16 full caches. Memory is in MB
+(10^6 bytes) for the target and MiB beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+
+import _common as c
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from worker.dev.embedded_broker import EmbeddedBroker
+
+PARTITIONS = 16
+PER_PARTITION = 1250  # more than the default cache capacity (1,000 vectors) in each
+TARGET_MB = 350.0
+
+
+async def create_topics(bootstrap: str, topics: c.Topics) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(topics.input, PARTITIONS, 1)]
+            + [NewTopic(name, c.PARTITIONS, 1) for name in topics.outputs]
+        )
+    finally:
+        await admin.close()
+
+
+async def produce_to_every_partition(bootstrap: str, topic: str, count: int) -> int:
+    records = c.corpus(PARTITIONS * count, "mem", unique_texts=False)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, max_batch_size=c.BURST_BATCH_BYTES, linger_ms=5, acks="all"
+    )
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(topic, value=r.value, key=r.key, partition=i % PARTITIONS)
+            for i, r in enumerate(records)
+        ]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return len(records)
+
+
+def mb(kib: float) -> str:
+    return f"{kib * 1024 / 1e6:.0f} MB ({kib / 1024:.0f} MiB)"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    env = c.parse_env(args.env)
+    print(c.machine_line())
+    broker = EmbeddedBroker()
+    broker.start()
+    topics = c.Topics(f"bench-mem-{uuid.uuid4().hex[:8]}")
+    worker_env = {**topics.worker_env(), "KP_INPUT_PARTITIONS": str(PARTITIONS), **env}
+    worker = c.Worker(broker.bootstrap_servers, **worker_env)
+    try:
+        await create_topics(broker.bootstrap_servers, topics)
+        worker.start()
+        await worker.wait_serving()
+        ready = c.proc_status_kib(worker.pid or 0, "VmRSS")
+        started = time.monotonic()
+        sent = await produce_to_every_partition(
+            broker.bootstrap_servers, topics.input, PER_PARTITION
+        )
+        await c.OutputCount(worker).wait_for(sent, timeout=900)
+        seconds = time.monotonic() - started
+        await asyncio.sleep(0.5)
+        samples = c.scrape(await asyncio.to_thread(worker.metrics_text))
+        rss = c.proc_status_kib(worker.pid or 0, "VmRSS")
+        peak = c.proc_status_kib(worker.pid or 0, "VmHWM")
+    finally:
+        worker.cleanup()
+        broker.stop()
+    entries = sorted(
+        int(value) for (name, _), value in samples.items() if name == "kp_cache_entries"
+    )
+    settings = c.env_text(env)
+    print(
+        f"live worker ({settings}): {sent} traces on {PARTITIONS} partitions scored in "
+        f"{seconds:.1f} s; load average {c.load_average()}"
+    )
+    print(
+        f"  cache entries per partition: {len(entries)} partitions, "
+        f"min {min(entries, default=0)}, max {max(entries, default=0)}"
+    )
+    print(f"  RSS when ready {mb(ready)}; with the caches full {mb(rss)}; peak {mb(peak)}")
+    full = len(entries) == PARTITIONS and min(entries) >= 1000
+    verdict = "met" if rss * 1024 / 1e6 <= TARGET_MB else "NOT met"
+    print(
+        f"RSS with {PARTITIONS} full caches: {mb(rss)}, target <= {TARGET_MB:.0f} MB: {verdict}"
+        + ("" if full else " (caches NOT all full: see the entries above)")
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
