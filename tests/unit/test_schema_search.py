@@ -8,20 +8,16 @@ validator's ``best_match``.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jsonschema import Draft202012Validator, FormatChecker
-from jsonschema.exceptions import best_match
 
-from worker.core import schema as schema_module
 from worker.core.errors import SchemaViolationError
 from worker.core.trace import validate_trace
 
+from support.schema_reference import reference_reason
 from support.traces import make_trace
 
 STEPS = 2_600  # three runs of items, the last one short
@@ -32,22 +28,6 @@ BREAKS: dict[str, tuple[str, Any]] = {
     "not an object": ("", "x"),  # the step is a string
     "empty tool name": ("tool", {"name": ""}),  # two levels below the step
 }
-
-
-@cache
-def reference_validator() -> Draft202012Validator:
-    schema = orjson.loads(schema_module.TRACE_SCHEMA_PATH.read_bytes())
-    checker = FormatChecker(formats=())
-    checker.checks("date-time")(schema_module._is_date_time)
-    return Draft202012Validator(schema, format_checker=checker)
-
-
-def reference_reason(document: dict[str, Any]) -> str | None:
-    error = best_match(reference_validator().iter_errors(document))
-    if error is None:
-        return None
-    path = list(error.absolute_path)
-    return schema_module._describe(path, error.validator, error.validator_value, error.instance)
 
 
 def broken(breaks: list[tuple[int, str]]) -> dict[str, Any]:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from functools import cache
 from typing import Any
 
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jsonschema import Draft202012Validator, FormatChecker
-from jsonschema.exceptions import best_match
 
 from worker.core import schema as schema_module
 from worker.core.errors import (
@@ -36,6 +33,7 @@ from worker.core.trace import (
     validate_trace,
 )
 
+from support.schema_reference import reference_reason
 from support.traces import (
     CONTEXT_DEV,
     CONTEXT_ORG,
@@ -563,24 +561,6 @@ def test_delete_helper_really_deletes() -> None:
 
 
 # --- bounded validation: the same errors as the pure-Python validator, found in a few passes ---
-
-
-@cache
-def reference_validator() -> Draft202012Validator:
-    """The pure-Python ``jsonschema`` validator the reasons were first defined with."""
-    schema = orjson.loads(schema_module.TRACE_SCHEMA_PATH.read_bytes())
-    checker = FormatChecker(formats=())
-    checker.checks("date-time")(schema_module._is_date_time)
-    return Draft202012Validator(schema, format_checker=checker)
-
-
-def reference_reason(document: dict[str, Any]) -> str | None:
-    """The reason of the error ``best_match`` picks, or None for a valid document."""
-    error = best_match(reference_validator().iter_errors(document))
-    if error is None:
-        return None
-    path = list(error.absolute_path)
-    return schema_module._describe(path, error.validator, error.validator_value, error.instance)
 
 
 def rich_document() -> dict[str, Any]:
