@@ -182,12 +182,14 @@ class Topics:
         }
 
 
-async def create_topics(bootstrap: str, topics: Topics) -> None:
+async def create_topics(bootstrap: str, topics: Topics, input_partitions: int = PARTITIONS) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        names = [topics.input, *topics.outputs]
-        response = await admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names])
+        response = await admin.create_topics(
+            [NewTopic(topics.input, input_partitions, 1)]
+            + [NewTopic(name, PARTITIONS, 1) for name in topics.outputs]
+        )
         errors = [e for e in response.topic_errors if e[1] not in (0, 36)]
         if errors:
             raise RuntimeError(f"create_topics failed: {errors}")
@@ -239,8 +241,14 @@ class Sent:
     sent_at: float  # time.time()
 
 
-async def produce_burst(bootstrap: str, topic: str, records: Sequence[Record]) -> list[Sent]:
-    """All records at once, batched (a backlog); returns once the broker acked them all."""
+async def produce_burst(
+    bootstrap: str, topic: str, records: Sequence[Record], spread_over: int | None = None
+) -> list[Sent]:
+    """All records at once, batched (a backlog); returns once the broker acked them all.
+
+    Partitions follow the keys, or with ``spread_over`` the records go round-robin to that
+    many partitions.
+    """
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         max_batch_size=BURST_BATCH_BYTES,
@@ -251,9 +259,12 @@ async def produce_burst(bootstrap: str, topic: str, records: Sequence[Record]) -
     await producer.start()
     try:
         futures, times = [], []
-        for record in records:
+        for index, record in enumerate(records):
+            partition = None if spread_over is None else index % spread_over
             times.append(time.time())
-            futures.append(await producer.send(topic, value=record.value, key=record.key))
+            futures.append(
+                await producer.send(topic, value=record.value, key=record.key, partition=partition)
+            )
         results = await asyncio.gather(*futures)
     finally:
         await producer.stop()

@@ -140,17 +140,19 @@ async def paced(
     return sent, (len(records) - 1) / elapsed if elapsed > 0 else 0.0
 
 
-async def wait_then_read(
-    bootstrap: str, config: Config, sent: list[c.Sent], timeout: float
-) -> list[c.Output]:
-    """Wait for ``sent``'s outputs by the worker's acknowledged-records count, then read them.
+async def wait_acknowledged(config: Config, sent: list[c.Sent], timeout: float) -> None:
+    """Until the worker has had ``sent``'s outputs acknowledged (its own count on /metrics).
 
     Reading the output topics while the worker runs (a consumer polling 12 partitions every
-    10 ms) took the broker and this process ~0.3 of the 2 cores the worker runs on.
+    10 ms) took the broker and this process ~0.3 of the 2 cores the worker runs on: outputs
+    are read only afterwards (``read_outputs``).
     """
     assert config.count is not None
     await config.count.wait_for(config.acknowledged + len(sent), timeout=timeout)
     config.acknowledged += len(sent)
+
+
+async def read_outputs(bootstrap: str, config: Config, sent: list[c.Sent]) -> list[c.Output]:
     collector = c.OutputCollector(bootstrap, config.topics)
     await collector.start()
     try:
@@ -163,7 +165,8 @@ async def measure_max_rate(bootstrap: str, config: Config, count: int, unique_te
     records = c.corpus(count, f"max-{uuid.uuid4().hex[:6]}", unique_texts)
     sent = await c.produce_burst(bootstrap, config.topics.input, records)
     produced = time.time()
-    outputs = await wait_then_read(bootstrap, config, sent, timeout=60 + count)
+    await wait_acknowledged(config, sent, timeout=60 + count)
+    outputs = await read_outputs(bootstrap, config, sent)
     rate, _, _ = c.output_rate(outputs, produced)
     return rate
 
@@ -177,12 +180,11 @@ async def run_phase(
     cpu_before, wall_before = c.cpu_seconds(config.worker.pid), time.monotonic()
     load_average = c.load_average()
     sent, achieved = await paced(bootstrap, config, records, rate, args.arrivals, seed)
-    assert config.count is not None
-    await config.count.wait_for(config.acknowledged + len(sent), timeout=60 + args.per_phase)
+    await wait_acknowledged(config, sent, timeout=60 + args.per_phase)
     cores = (c.cpu_seconds(config.worker.pid) - cpu_before) / (time.monotonic() - wall_before)
     await asyncio.sleep(0.5)  # metrics are observed right after the broker's acks
     diff = c.delta(c.scrape(await asyncio.to_thread(config.worker.metrics_text)), before)
-    outputs = await wait_then_read(bootstrap, config, sent, timeout=60)
+    outputs = await read_outputs(bootstrap, config, sent)
     entered = c.value(diff, "kp_batch_size_count")
 
     def mean_ms(stage: str) -> float:
@@ -227,7 +229,7 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
             warm = await c.produce_burst(
                 bootstrap, config.topics.input, c.corpus(WARMUP_RECORDS, "warm", unique)
             )
-            await wait_then_read(bootstrap, config, warm, 180)
+            await wait_acknowledged(config, warm, 180)
         for config in configs:
             config.max_rate = await measure_max_rate(
                 bootstrap, config, args.max_rate_records, unique

@@ -145,6 +145,7 @@ async def run_worker(
         await c.create_topics(broker.bootstrap_servers, topics)
         worker.start()
         await worker.wait_serving()
+        await asyncio.to_thread(worker.wait_ready)  # model loaded and partitions assigned
         rss_ready = c.proc_status_kib(worker.pid or 0, "VmRSS") / 1024
         await collector.start()
         warm = await c.produce_burst(

@@ -52,7 +52,7 @@ COMMIT_CHECK_SECONDS = 3.0
 DRAIN_SECONDS = 5.0
 DRAIN_SHARE_OF_DEADLINE = 0.25
 # How often freed heap memory goes back to the system: a worker with 16 full caches after a
-# 20,000-trace backlog held 338-367 MB this way (median 353, 8 runs) against 363-397 MB
+# 20,000-trace backlog held 338-367 MB this way (median 353, 9 runs) against 363-397 MB
 # (median 378, 12 runs) without, at the same speed (bench/live_memory.py).
 MEMORY_TRIM_SECONDS = 1.0
 
@@ -235,9 +235,8 @@ class ScorerApp(faust.App):
         await super().on_stop()
 
     async def on_shutdown(self) -> None:
-        self.observer.health.stopping()
         await super().on_shutdown()
-        if self.stream_scorer is not None:
+        if self.stream_scorer is not None:  # closed by on_stop unless it was built after that
             await self.stream_scorer.stop()
         if self.stream_scorer is not None and self.stream_scorer.scorer.embedder is not None:
             self.stream_scorer.scorer.embedder.close()
