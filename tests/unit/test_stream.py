@@ -279,7 +279,7 @@ def test_close_publishes_what_is_in_the_pipeline_and_takes_nothing_new() -> None
         late = await stream.submit(later, acknowledgements=[ack(r.offset) for r in later])
         return await asyncio.gather(*pending, *late)
 
-    results = run(scenario())
+    results = run(asyncio.wait_for(scenario(), timeout=10))
     assert [r.source.offset for r in publisher.published] == [0, 1, 2, 3]
     assert acknowledged == [0, 1, 2, 3], "everything published is acknowledged before the stop"
     assert results[4:] == [None] * 4, "records after the stop are left for the next worker"
