@@ -26,6 +26,7 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from worker.core.digest import file_sha256
+from worker.core.streamline import streamline
 from worker.memory import release_freed_memory
 
 if TYPE_CHECKING:
@@ -384,7 +385,7 @@ def _open_session(model_path: Path, intra_op_threads: int) -> ort.InferenceSessi
     options = session_options(intra_op_threads)
     try:
         session = ort.InferenceSession(
-            str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+            streamlined_model(model_path), sess_options=options, providers=["CPUExecutionProvider"]
         )
     except Exception as exc:
         raise EmbedderUnavailable(
@@ -398,6 +399,21 @@ def _open_session(model_path: Path, intra_op_threads: int) -> ort.InferenceSessi
             "expected a BERT-style sentence encoder"
         )
     return session
+
+
+def streamlined_model(model_path: Path) -> str | bytes:
+    """The model with the exact rewrites of :mod:`worker.core.streamline` applied (its bytes),
+    or its path when none applies or the file cannot be read here (onnxruntime then loads
+    it as it is, or says why it cannot)."""
+    try:
+        import onnx
+
+        model = onnx.load(str(model_path))
+        if not streamline(model).changed:
+            return str(model_path)
+        return model.SerializeToString()
+    except Exception:  # unreadable, or too large to serialize: the model as it is is exact too
+        return str(model_path)
 
 
 _ARENA_GROW_AS_REQUESTED = 1  # onnxruntime's kSameAsRequested (0 is kNextPowerOfTwo)
