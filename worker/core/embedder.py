@@ -13,15 +13,12 @@ in any batch.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -44,7 +41,6 @@ _OUTPUT_NAME = "last_hidden_state"
 # English runs ~4-5 characters a token, so the prefix almost always holds enough tokens.
 _CHARS_PER_TOKEN_CUT = 16
 _REQUIRED_INPUTS = ("input_ids", "attention_mask")
-_T = TypeVar("_T")
 
 
 class Embedder(Protocol):
@@ -65,12 +61,10 @@ class EmbedderUnavailable(Exception):
 class OnnxEmbedder:
     """One onnxruntime session and one tokenizer, run by up to `concurrency` threads at once.
 
-    On CPU, separate runs side by side use the cores better than one run split over intra-op
-    threads, so texts are spread over a small pool of threads that all call the same session
-    (`InferenceSession.run` and `Tokenizer.encode_batch` are thread-safe; one session keeps
-    one copy of the weights). The session's intra-op helpers run at the lowest priority, so a
-    text embedded alone also gets the idle cores. A text's vector does not depend on which
-    thread ran it, nor on how many helped.
+    On CPU, separate single-threaded runs use the cores better than one run split over
+    intra-op threads, so texts are spread over a small pool of threads that all call the same
+    session (`InferenceSession.run` and `Tokenizer.encode_batch` are thread-safe; one session
+    keeps one copy of the weights). A text's vector does not depend on which thread ran it.
     """
 
     model_id: str
@@ -287,7 +281,7 @@ def load_embedder(settings: Settings) -> tuple[OnnxEmbedder | None, str | None]:
             model_path=model_path,
             tokenizer_path=settings.tokenizer_path,
             expected_sha256=expected,
-            intra_op_threads=settings.resolved_embed_threads,
+            intra_op_threads=settings.embed_threads,
             batch_size=settings.embed_batch_size,
             max_tokens=settings.embed_max_tokens,
             concurrency=settings.resolved_embed_concurrency,
@@ -387,16 +381,11 @@ def _load_tokenizer(path: Path, max_tokens: int) -> tuple[Tokenizer, int]:
 
 def _open_session(model_path: Path, intra_op_threads: int) -> ort.InferenceSession:
     """One CPU session, sequential, no spinning: idle inference threads must not burn the cores
-    the Kafka consumer and scorer share with it. Its intra-op helper threads run at the lowest
-    priority (:func:`_with_background_helpers`)."""
+    the Kafka consumer and scorer share with it."""
     options = session_options(intra_op_threads)
     try:
-        session = _with_background_helpers(
-            lambda: ort.InferenceSession(
-                streamlined_model(model_path),
-                sess_options=options,
-                providers=["CPUExecutionProvider"],
-            )
+        session = ort.InferenceSession(
+            streamlined_model(model_path), sess_options=options, providers=["CPUExecutionProvider"]
         )
     except Exception as exc:
         raise EmbedderUnavailable(
@@ -427,33 +416,6 @@ def streamlined_model(model_path: Path) -> str | bytes:
         return str(model_path)
 
 
-def _with_background_helpers(create: Callable[[], _T]) -> _T:
-    """``create()`` on a short-lived thread at the lowest priority (niceness 19).
-
-    onnxruntime starts a session's intra-op helper threads while creating it, and on Linux
-    they inherit the creating thread's niceness. At niceness 19 a helper runs only on a core
-    that nothing else wants: a text embedded alone spreads over the idle cores (a 256-token
-    text in ~50 ms on two cores instead of ~90 ms on one), while under load every concurrent
-    run keeps to its own caller's thread and the helpers do not take cores from it, nor from
-    the consumer (two callers of a two-thread session embed ~7 % fewer texts/s than two
-    single-thread runs when the helper runs at normal priority, 0-4 % fewer at niceness 19:
-    bench/model_runs.py).
-    The calling thread keeps its own priority. Elsewhere than Linux niceness is per process,
-    so the session is created as it is.
-    """
-    if not sys.platform.startswith("linux"):
-        return create()
-
-    def create_in_background() -> _T:
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _HELPER_NICENESS)
-        return create()
-
-    with ThreadPoolExecutor(1, thread_name_prefix="kp-model-load") as loader:
-        return loader.submit(create_in_background).result()
-
-
-_HELPER_NICENESS = 19
 _ARENA_GROW_AS_REQUESTED = 1  # onnxruntime's kSameAsRequested (0 is kNextPowerOfTwo)
 
 
