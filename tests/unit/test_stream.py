@@ -301,3 +301,21 @@ def test_close_abandons_what_cannot_be_published_in_time() -> None:
         return time.monotonic() - started
 
     assert run(scenario()) < 2
+
+
+def test_stop_before_jobs_start_settles_them_and_frees_their_slots() -> None:
+    """Abandoned records resolve as dropped (None), so nothing awaiting them hangs, and the
+    pipeline counts none of them as still in flight."""
+    records = log_of(3, 0)
+
+    async def scenario() -> tuple[list[RoutedRecord | None], StreamScorer]:
+        stream = StreamScorer(scorer(), FakeLog(records, committed=0), FakePublisher())
+        pending = await stream.submit(records)  # spawned, none has run a step yet
+        await stream.stop()
+        return await asyncio.wait_for(asyncio.gather(*pending), timeout=2), stream
+
+    results, stream = run(scenario())
+    assert results == [None, None, None]
+    assert stream._depth == 0
+    assert not any(stream._in_flight.values())
+    assert stream._slots._value == 16

@@ -46,6 +46,7 @@ class _Job:
     scored: asyncio.Future[None]  # set once its novelty is in the cache (the next may go)
     after: asyncio.Future[None] | None  # the previous record's ``scored`` in the partition
     published: asyncio.Future[RoutedRecord | None] = field(init=False)
+    settled: bool = field(init=False, default=False)  # its pipeline slot is given back
 
     def __post_init__(self) -> None:
         self.published = asyncio.get_running_loop().create_future()
@@ -141,7 +142,9 @@ class StreamScorer:
             self._depth += 1
             self.observer.record_entered(self._depth)
             self._in_flight[job.record.topic_partition].add(job)
-            self._spawn(self._run(job))
+            task = self._spawn(self._run(job))
+            # A job cancelled before its first step never runs its own cleanup.
+            task.add_done_callback(lambda _, job=job: self._settle(job))
         return [job.published for job in jobs]
 
     async def process(
@@ -181,10 +184,11 @@ class StreamScorer:
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
         self._decoder.shutdown(wait=False, cancel_futures=True)
 
-    def _spawn(self, work: Awaitable[None]) -> None:
+    def _spawn(self, work: Awaitable[None]) -> asyncio.Future[None]:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _job(self, record: SourceRecord, received: float, acknowledge: Acknowledge | None) -> _Job:
         tp = record.topic_partition
@@ -250,12 +254,21 @@ class StreamScorer:
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
-            if not job.scored.done():
-                job.scored.set_result(None)  # the partition's next record may go on
-            self._in_flight[tp].discard(job)
-            self._depth -= 1
-            self.observer.record_left()
-            self._slots.release()
+            self._settle(job)
+
+    def _settle(self, job: _Job) -> None:
+        """Give the job's slot back, once: it is published, dropped or abandoned."""
+        if job.settled:
+            return
+        job.settled = True
+        if not job.scored.done():
+            job.scored.set_result(None)  # the partition's next record may go on
+        if not job.published.done():
+            job.published.set_result(None)  # abandoned unacknowledged: delivered again
+        self._in_flight[job.record.topic_partition].discard(job)
+        self._depth -= 1
+        self.observer.record_left()
+        self._slots.release()
 
     async def _embed(self, prepared: Prepared) -> bool:
         """The record's vector: reused from an identical text in the cache or in flight, else
