@@ -14,8 +14,9 @@ Every case is built here, in memory, as close to the size limit as its shape all
 - invalid: an error in the last of the most steps that fit, in every one of them, or at the
   root of such a trace; a duplicate key deep in the last step, written compactly (orjson's own
   text up to the key: only the last steps are parsed again) or with Python json.dumps' spaces
-  (parsed again from the first space on); nesting one level over the limit and past orjson's
-  own limit; JSON cut short by one byte; one byte over the limit.
+  (the same once blanks are dropped from both texts: also only the last steps); nesting one
+  level over the limit and past orjson's own limit; JSON cut short by one byte; one byte over
+  the limit.
 
 Columns, in milliseconds, each the median of ``--repeats`` runs: ``orjson`` is bare
 ``orjson.loads`` (the floor any decode pays: it builds every Python object), ``decode`` is

@@ -50,6 +50,10 @@ DEFAULT_MAX_BYTES = 1_048_576
 DEFAULT_MAX_CONTAINERS = 131_072
 MAX_DEPTH = 128  # nesting levels of arrays/objects, the document itself being level 1
 _COLON_ESCAPE = re.compile(rb"\\u003[aA]")
+_BLANKS = b" \t\n\r"  # JSON's whitespace; outside strings it means nothing
+_BLANKS_AS_SPACES = bytes.maketrans(b"\t\n\r", b"   ")
+# Every byte but the quote, the space and NUL: what the check for keys with spaces keeps.
+_NOT_QUOTE_SPACE_NUL = bytes(byte for byte in range(256) if byte not in b'" \0')
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +220,48 @@ def _common_prefix(first: bytes, second: bytes) -> int:
     return low
 
 
+def _offset_of_kept(text: bytes, number: int, blanks: bytes) -> int:
+    """Offset in ``text`` of its byte ``number`` (from 0) among those that are not ``blanks``.
+
+    By halving, each half's blanks counted with bytes.count: about two reads of the text for
+    each kind of blank it holds (one kind, spaces, after one more read where it holds three or
+    four), no loop per byte.
+    """
+    present = [bytes([blank]) for blank in blanks if blank in text]
+    if len(present) > 2:
+        text, present = text.translate(_BLANKS_AS_SPACES), [b" "]
+    low, high, kept_low = 0, len(text), 0  # kept_low: bytes of text[:low] that are kept
+    while high - low > 1:  # the byte is in text[low:high]
+        middle = (low + high) // 2
+        kept = kept_low + (middle - low) - sum(text.count(blank, low, middle) for blank in present)
+        if kept > number:
+            high = middle
+        else:
+            low, kept_low = middle, kept
+    return low
+
+
+def _no_key_holds_a_space(body: bytes, squeezed: bytes) -> bool:
+    """Whether no key of the JSON text ``body`` holds a space (False also where unsure).
+
+    ``squeezed`` is ``body`` without blanks: when it has as many ``":`` as ``body``, every key
+    is followed by its colon with no blank between. Escaped backslashes and quotes dropped,
+    those key ends are marked with NUL (so is a string that opens with a colon: unsure); of
+    quotes, spaces and marks, a key holding a space then leaves a space right before its mark.
+    \\u0020 anywhere answers False.
+    """
+    text = body
+    if b"\\" in text:
+        if b"\\u0020" in text:
+            return False
+        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    marked = text.replace(b'":', b"\0")
+    key_ends = len(text) - len(marked) if text is body else body.count(b'":')
+    if squeezed.count(b'":') != key_ends:
+        return False
+    return b" \0" not in marked.translate(None, _NOT_QUOTE_SPACE_NUL)
+
+
 _FEW_PAIRS = 32  # an object with no more pairs than this has each written on its own
 
 
@@ -353,20 +399,36 @@ def _raise_first_duplicate(raw: bytes, document: dict[str, Any], written: bytes)
     ancestors that repeats their keys seen so far. The first object that closes with a
     repeated key is then the same one, with the same key, as in a pass over all of ``raw``.
 
-    Compact JSON with unescaped UTF-8 (orjson's, JavaScript's JSON.stringify's) costs a parse
-    of the objects around the repeated key. Input that differs from orjson's text early
-    (Python's json.dumps puts a space after each separator) costs a parse from there to the
-    object with the repeated key, at worst all of it, as the exact pass always did.
+    Where ``raw`` first differs by a blank (Python's json.dumps puts a space after each
+    separator, an indented text a newline) and no key of it holds a space, the two texts are
+    compared with their blanks dropped (spaces inside strings too: the only ones in
+    ``written``). Texts alike but for blanks hold the same tokens, nested alike; their strings
+    differ at most by spaces, which no key holds (nor, decoded from ``raw``, any key of
+    ``written``), so every key is the same and the argument above holds as it is. A key with
+    a space could pass for another key without it, so such input is compared byte for byte.
+
+    Compact JSON with unescaped UTF-8 (orjson's, JavaScript's JSON.stringify's), or blanks
+    anywhere, cost a parse of the objects around the repeated key (the latter also a few
+    reads of both texts). Input that differs from orjson's text early otherwise (escapes,
+    numbers written another way) costs a parse from there to the object with the repeated
+    key, at worst all of it, as the exact pass always did.
     """
-    body = raw.lstrip(b" \t\n\r")
+    body = raw.lstrip(_BLANKS)
     at = _common_prefix(body, written)
+    squeezed = body.translate(None, _BLANKS) if at < len(body) and body[at] in _BLANKS else b""
+    blind = bool(squeezed) and _no_key_holds_a_space(body, squeezed)
+    if blind:  # `at` becomes the first byte of written that differs once blanks are dropped
+        at = _offset_of_kept(written, _common_prefix(squeezed, written.translate(None, b" ")), b" ")
     node: dict[str, Any] | list[Any] = document
     heads: list[bytes] = []
     span, rewrites = (0, len(written)), _Rewrites(left=2 * len(written))
     while rewrites.left > 0 and (child := _child_holding(node, span, at, rewrites)):
         opening, node, span = child
         heads.append(opening)
-    narrowed = b"".join(heads) + body[span[0] :]
+    begin = span[0]
+    if blind and begin:  # the same token of body: as many bytes not blank before it
+        begin = _offset_of_kept(body, begin - written.count(b" ", 0, begin), _BLANKS)
+    narrowed = b"".join(heads) + body[begin:]
     with _gc_paused():
         try:
             with suppress(ValueError):  # never expected: the stand-in is JSON when raw is
