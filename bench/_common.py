@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # isort: off
 import worker  # noqa: F401  (sets OPENBLAS_NUM_THREADS=1 before numpy loads, as in the worker)
@@ -32,6 +33,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from worker.core.trace import parse_trace
 from worker.dev.process import WorkerProcess
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "traces.jsonl"
@@ -492,7 +496,9 @@ class Ceiling:
     with the worker's session options (``worker.embedder.session_options``).
 
     - single session: one session with intra-op threads = all cores, texts one after another;
-    - concurrent: one session with 1 intra-op thread, run from ``cores`` threads at once.
+    - concurrent: one session with 1 intra-op thread, run from ``cores`` threads at once;
+    - concurrent, streamlined: the same on the model as the worker loads it (the exact graph
+      rewrites of ``worker.core.streamline``); the two above run the model file as it is.
 
     Tokenization, pooling and everything else the worker does are outside the timed region.
     """
@@ -501,21 +507,22 @@ class Ceiling:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        from worker.core.embedder import session_options
+        from worker.core.embedder import session_options, streamlined_model
         from worker.settings import DEFAULT_TOKENIZER_PATH
 
         self.cores = os.cpu_count() or 1
         self.model = model
 
-        def session(threads: int) -> ort.InferenceSession:
+        def session(threads: int, loaded: str | bytes = str(model)) -> ort.InferenceSession:
             return ort.InferenceSession(
-                str(model),
+                loaded,
                 sess_options=session_options(threads),
                 providers=["CPUExecutionProvider"],
             )
 
         self.single = session(self.cores)
         self.shared = session(1)
+        self.streamlined = session(1, streamlined_model(model))
         inputs = {i.name for i in self.single.get_inputs()}
         tokenizer = Tokenizer.from_file(str(DEFAULT_TOKENIZER_PATH))
         tokenizer.no_padding()
@@ -541,10 +548,17 @@ class Ceiling:
 
     def concurrent_rate(self) -> tuple[float, float]:
         """As single_rate, the texts taken in order by ``cores`` threads sharing one session."""
+        return self._concurrent_rate(self.shared)
+
+    def streamlined_rate(self) -> tuple[float, float]:
+        """As concurrent_rate, on the model as the worker loads it."""
+        return self._concurrent_rate(self.streamlined)
+
+    def _concurrent_rate(self, session: ort.InferenceSession) -> tuple[float, float]:
         import threading
 
         with ThreadPoolExecutor(self.cores) as pool:  # warm every thread's arena
-            list(pool.map(lambda f: self.shared.run(None, f), self.feeds[: 2 * self.cores]))
+            list(pool.map(lambda f: session.run(None, f), self.feeds[: 2 * self.cores]))
         queue = iter(self.feeds)
         lock = threading.Lock()
 
@@ -554,7 +568,7 @@ class Ceiling:
                     feed = next(queue, None)
                 if feed is None:
                     return
-                self.shared.run(None, feed)
+                session.run(None, feed)
 
         threads = [threading.Thread(target=drain) for _ in range(self.cores)]
         started, cpu = time.perf_counter(), time.process_time()

@@ -25,7 +25,10 @@ measured four ways in one run:
 
 Both ceilings are measured in this process before and after 3 and 4 (never while they run;
 the machine may be shared, so the ratios use the mean of the two). The ceilings use the
-model the worker loads (KP_MODEL_PATH if --env sets it, else the packaged model).
+model file the worker loads (KP_MODEL_PATH if --env sets it, else the packaged model) as it
+is; a third, the concurrent ceiling on the model streamlined as the worker loads it (exact
+graph rewrites, bit-identical vectors), shows how much of what the worker reaches is the
+rewrites' (no target).
 
 --env KEY=VALUE (repeatable) goes to the offline and worker processes, e.g.
 --env KP_EMBED_CONCURRENCY=1; without it both run the shipped settings.
@@ -81,8 +84,12 @@ class Offline:
 
 
 def measure_ceilings(ceiling: c.Ceiling, reverse: bool) -> dict[str, tuple[float, float]]:
-    """Both ceilings over all texts once (texts per wall s, per CPU s); order alternates."""
-    runs = [("single", ceiling.single_rate), ("concurrent", ceiling.concurrent_rate)]
+    """The ceilings over all texts once (texts per wall s, per CPU s); order alternates."""
+    runs = [
+        ("single", ceiling.single_rate),
+        ("concurrent", ceiling.concurrent_rate),
+        ("streamlined", ceiling.streamlined_rate),
+    ]
     if reverse:
         runs.reverse()
     return {name: run() for name, run in runs}
@@ -135,7 +142,7 @@ async def run_worker(
     topics = c.Topics(f"bench-tp-{uuid.uuid4().hex[:8]}")
     worker = c.Worker(broker.bootstrap_servers, **topics.worker_env(), **env)
     collector = c.OutputCollector(broker.bootstrap_servers, topics)
-    # While the backlog runs, the outputs are only counted (the worker's /metrics, 4 a second),
+    # While the backlog runs, the outputs are only counted (the worker's /metrics, once a second),
     # and read once all are there: the rate comes from their broker timestamps, and reading
     # them as they came (a consumer polling 12 partitions every 10 ms) took the broker and this
     # process ~0.3 of the 2 cores the worker runs on, which the ceilings never pay.
@@ -342,6 +349,7 @@ def main() -> None:
     labels = {
         "single": f"bare single-session ceiling ({cores} intra-op threads, batch 1)",
         "concurrent": f"concurrent ceiling ({cores} threads x 1 intra-op thread, batch 1)",
+        "streamlined": "  the same, model streamlined as the worker loads it",
     }
     print("embedding only (texts/s): before, after, mean; per CPU-second mean")
     for name, label in labels.items():
@@ -355,12 +363,13 @@ def main() -> None:
     print(f"  {offline.summary}")
     for line in worker_lines:
         print(line)
-    single, concurrent = mean("single"), mean("concurrent")
+    single, concurrent, streamlined = mean("single"), mean("concurrent"), mean("streamlined")
     print(ratio_line("offline steady", offline.steady_rate, "single-session", single, True))
     print(ratio_line("offline whole process", offline.rate, "single-session", single, True))
     print(ratio_line("worker", worker["rate"], "single-session", single, True))
     print(ratio_line("offline steady", offline.steady_rate, "concurrent", concurrent, False))
     print(ratio_line("worker", worker["rate"], "concurrent", concurrent, False))
+    print(ratio_line("worker", worker["rate"], "streamlined concurrent", streamlined, False))
     print(
         f"  per CPU-second: worker {worker['per_cpu']:.1f} traces / single-session "
         f"{mean('single', 1):.1f} texts = {worker['per_cpu'] / mean('single', 1):.3f}; "
