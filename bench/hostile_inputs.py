@@ -14,9 +14,12 @@ Every case is built here, in memory, as close to the size limit as its shape all
 - invalid: an error in the last of the most steps that fit, in every one of them, or at the
   root of such a trace; a duplicate key deep in the last step, written compactly (orjson's own
   text up to the key: only the last steps are parsed again) or with Python json.dumps' spaces
-  (the same once blanks are dropped from both texts: also only the last steps); nesting one
-  level over the limit and past orjson's own limit; JSON cut short by one byte; one byte over
-  the limit.
+  (the same once blanks are dropped from both texts: also only the last steps); the root's
+  "id" given twice, as its first member or its last, around the most steps that fit, compact
+  or with json.dumps' spaces (the steps are the same text in the input and orjson's, so only
+  the root's other members are parsed again), and spaced with a key that holds a space (the
+  texts then compared byte for byte: the whole input is parsed again); nesting one level over
+  the limit and past orjson's own limit; JSON cut short by one byte; one byte over the limit.
 
 Columns, in milliseconds, each the median of ``--repeats`` runs: ``orjson`` is bare
 ``orjson.loads`` (the floor any decode pays: it builds every Python object), ``decode`` is
@@ -193,6 +196,16 @@ def nesting_in_last_step(steps: bytes, levels: int) -> bytes:
     return replace_last(steps, b'"type":"thought"}', deep + b'"type":"thought"}')
 
 
+def spaced_steps(limit: int, document: dict[str, Any]) -> str:
+    """``document`` written as Python's json.dumps writes it, with as many thin steps as fit."""
+    size = len(json.dumps(document))
+    steps: list[dict[str, Any]] = []
+    while size + len(json.dumps(thin_step(len(steps)))) + 2 <= limit:
+        size += len(json.dumps(thin_step(len(steps)))) + 2
+        steps.append(thin_step(len(steps)))
+    return json.dumps({**document, "steps": steps})
+
+
 def spaced_duplicate(limit: int) -> bytes:
     """A trace written as Python's json.dumps writes it, with a duplicate key in its last step.
 
@@ -200,14 +213,29 @@ def spaced_duplicate(limit: int) -> bytes:
     five objects deep, the innermost with a key twice.
     """
     deep = '"input": ' + '{"a": ' * 4 + '{"a": 1, "a": 2}' + "}" * 4 + ", "
-    size = len(json.dumps(base())) + len(deep)
-    steps: list[dict[str, Any]] = []
-    while size + len(json.dumps(thin_step(len(steps)))) + 2 <= limit:
-        size += len(json.dumps(thin_step(len(steps)))) + 2
-        steps.append(thin_step(len(steps)))
-    text = json.dumps(base(steps=steps))
+    text = spaced_steps(limit - len(deep), base())
     cut = text.rindex('"type": "thought"}')
     return (text[:cut] + deep + text[cut:]).encode()
+
+
+DUPLICATE_ID = {"id": "kp:trace:dup"}
+
+
+def root_duplicate(limit: int, first: bool, spaced: bool = False, **extra: Any) -> bytes:
+    """The most thin steps that fit, ``"id"`` given twice at the root: as its first member or last.
+
+    Compact as orjson writes, or spaced as Python's json.dumps; ``extra`` adds root fields.
+    """
+    pair = json.dumps(DUPLICATE_ID, separators=(", ", ": ") if spaced else (",", ":"))[1:-1]
+    separator = ", " if spaced else ","
+    room = limit - len(pair) - len(separator)
+    if spaced:
+        text = spaced_steps(room, base(**extra))
+    else:
+        text = fill(base(**extra), room, thin_step, "steps").decode()
+    if first:
+        return ("{" + pair + separator + text[1:]).encode()
+    return (text[:-1] + separator + pair + "}").encode()
 
 
 def cases(limit: int) -> list[Case]:
@@ -253,6 +281,20 @@ def cases(limit: int) -> list[Case]:
             nesting_in_last_step(room, 8).replace(b'"a":1}', b'"a":1,"a":2}'),
         ),
         Case("bad: duplicate key, json.dumps spacing", spaced_duplicate(limit)),
+        Case("bad: duplicate root key, first member", root_duplicate(limit, first=True)),
+        Case("bad: duplicate root key, last member", root_duplicate(limit, first=False)),
+        Case(
+            "bad: duplicate root key, first, spaced",
+            root_duplicate(limit, first=True, spaced=True),
+        ),
+        Case(
+            "bad: duplicate root key, last, spaced",
+            root_duplicate(limit, first=False, spaced=True),
+        ),
+        Case(
+            "bad: dup root key, spaced, 'a b' key",
+            root_duplicate(limit, first=True, spaced=True, x_notes={"run by": "nightly"}),
+        ),
         Case("bad: cut one byte short", most[:-1]),
         Case("bad: one byte over the limit", padded(base(steps=one), limit + 1)),
     ]

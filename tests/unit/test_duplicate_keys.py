@@ -1,15 +1,19 @@
 """The duplicate key named is the one a json pass over the whole input names, however written.
 
-``decode_json`` parses again only around the first place where the input differs from orjson's
-own text of it (blanks aside, when no key holds a space); this checks that against the plain
-exact pass (json with a pairs hook), on documents with repeated keys anywhere, written
-compactly, with Python's json.dumps escapes or spacing, on lines, with odd whitespace, or with
-keys that hold quotes, colons, brackets, escapes and spaces (some alike but for a space).
+``decode_json`` parses again only the stretches where the input differs from orjson's own text
+of it (blanks aside, when no key holds a space); this checks that against the plain exact pass
+(json with a pairs hook), on documents with repeated keys anywhere (the root's first or last
+member, with the value given before or another, in several objects), written compactly, with
+Python's json.dumps escapes or spacing, on lines, with odd whitespace, or with keys that hold
+quotes, colons, brackets, escapes and spaces (some alike but for a space); and with the narrowed
+pass tuned so that small documents reach every way it has of reading apart.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +26,12 @@ from worker.core import trace as trace_module
 from worker.core.errors import DuplicateKeyError
 from worker.core.trace import (
     _BLANKS,
+    _common_prefix,
+    _common_suffix,
+    _locate,
     _no_key_holds_a_space,
-    _offset_of_kept,
     _reject_duplicate_keys,
+    _Rewrites,
     decode_json,
 )
 
@@ -127,6 +134,140 @@ def test_the_key_named_is_the_one_a_full_pass_names(
     check(write(Pairs(tuple(pairs)), style, spaces).encode())
 
 
+class Members(list[list[Any]]):
+    """An object being built: its [key, value] pairs in order (a plain list is an array)."""
+
+
+def thaw(node: Any) -> Any:
+    if isinstance(node, Pairs):
+        return Members([key, thaw(value)] for key, value in node.pairs)
+    if isinstance(node, list):
+        return [thaw(item) for item in node]
+    return node
+
+
+def freeze(node: Any) -> Any:
+    if isinstance(node, Members):
+        return Pairs(tuple((key, freeze(value)) for key, value in node))
+    if isinstance(node, list):
+        return [freeze(item) for item in node]
+    return node
+
+
+def objects_in(node: Any) -> Iterator[Members]:
+    """Every object of ``node``, ``node`` first."""
+    if isinstance(node, Members):
+        yield node
+    for child in node if isinstance(node, list) else ():
+        yield from objects_in(child[1] if isinstance(node, Members) else child)
+
+
+@st.composite
+def repeated(draw: st.DrawFn) -> Pairs:
+    """A root object with a key given again in some of its objects, the root most often.
+
+    The key is given again as the object's first member, its last, or anywhere, with the value
+    it had or another; a few times, so that several objects may hold a repeat.
+    """
+    pairs = draw(st.lists(st.tuples(st.sampled_from(KEYS), trees()), min_size=1, max_size=6))
+    root = thaw(Pairs(tuple(pairs)))
+    for _ in range(draw(st.integers(1, 3))):
+        objects = [found for found in objects_in(root) if found]  # the root among them
+        target = (
+            objects[0] if draw(st.booleans()) else objects[draw(st.integers(0, len(objects) - 1))]
+        )
+        key, value = target[draw(st.integers(0, len(target) - 1))]
+        if draw(st.booleans()):
+            value = thaw(draw(trees()))
+        place = draw(st.sampled_from(["first", "last", "anywhere"]))
+        if place == "first":
+            target.insert(0, [key, value])
+        elif place == "last":
+            target.append([key, value])
+        else:
+            target.insert(draw(st.integers(0, len(target))), [key, value])
+    frozen = freeze(root)
+    assert isinstance(frozen, Pairs)
+    return frozen
+
+
+# The narrowed pass's settings, tuned so that small documents reach what large ones do: the
+# text after a member looked for from one byte on (found in the wrong places too), few
+# stretches read apart before the rest is read at once, objects measured pair by pair or in
+# runs, walks cut short, pieces as large as the stand-ins make them.
+TUNINGS = st.fixed_dictionaries(
+    {
+        "_NEEDLE": st.sampled_from([1, 3, 8, 64]),
+        "_MAX_PIECES": st.sampled_from([1, 2, 8]),
+        "_FEW_PAIRS": st.sampled_from([0, 2, 32]),
+        "_ALLOWANCE": st.sampled_from([0.2, 2]),
+        "_PIECES_SHARE": st.sampled_from([0.1, 4]),
+    }
+)
+
+
+@contextmanager
+def tuned(tuning: dict[str, Any]) -> Iterator[None]:
+    saved = {name: getattr(trace_module, name) for name in tuning}
+    for name, value in tuning.items():
+        setattr(trace_module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(trace_module, name, value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    document=repeated(),
+    style=st.sampled_from(STYLES),
+    spaces=st.lists(st.integers(1, 60), max_size=3),
+    tuning=TUNINGS,
+)
+def test_repeats_anywhere_name_the_key_a_full_pass_names(
+    document: Pairs, style: str, spaces: list[int], tuning: dict[str, Any]
+) -> None:
+    raw = write(document, style, spaces).encode()
+    assert full_pass_reason(raw) is not None
+    with tuned(tuning):
+        check(raw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    document=trees(),
+    blind=st.booleans(),
+    few=st.sampled_from([0, 2, 32]),
+)
+def test_the_walk_finds_the_member_at_each_offset(document: Any, blind: bool, few: int) -> None:
+    """Each container open at an offset, and the member holding it: its text, comma excluded."""
+    document = json.loads(write(Pairs((("r", document),)), "compact", []))
+    written = orjson.dumps(document)
+    text = written.translate(None, b" ") if blind else written
+
+    def as_compared(value: Any) -> bytes:
+        return orjson.dumps(value).translate(None, b" " if blind else b"")
+
+    with tuned({"_FEW_PAIRS": few}):
+        for at in range(1, len(text) - 1):
+            levels = _locate(document, len(text), at, _Rewrites(left=10**9, blind=blind))
+            assert levels
+            end = len(text)
+            for level in levels:
+                if level.index < 0:
+                    assert level is levels[-1] and not level.node and at == end - 1
+                    continue
+                if isinstance(level.node, dict):
+                    key, value = list(level.node.items())[level.index]
+                    member = as_compared(key) + b":" + as_compared(value)
+                else:
+                    member = as_compared(level.node[level.index])
+                assert text[level.start : level.end] == member
+                assert level.start <= at <= level.end and text[level.end] in b",]}"
+                end = level.end
+
+
 def steps_with(inner: bytes, where: int, count: int = 2_000) -> bytes:
     """Compact JSON of ``count`` thin steps, ``inner`` (pairs) added to step ``where``."""
     steps = [{"step_id": index, "type": "thought"} for index in range(count)]
@@ -173,6 +314,33 @@ def test_keys_an_object_had_before_the_text_differs_are_counted(raw: bytes) -> N
     check(raw)
 
 
+LONG = b"[" + b",".join(b"%d" % number for number in range(40)) + b"]"
+
+
+@pytest.mark.parametrize("needle", [1, 8, 64])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"o":{"m":"\\u00e9","k":1,"k":2,"q":L},"z":1,"z":2}',
+        b'{"o":[{"x":L},{"m":1.0E2,"k":1,"k":2,"q":L}],"z":[1,{"y":1,"y":2}]}',
+        b'{"m":"\\u00e9","k":L,"k":{"a":1},"q":L,"z":{"y":1,"y":2}}',
+        b'{"k":{"a":1,"b":L},"c":L,"k":{"a":1,"b":L,"a":2},"c":L}',
+        b'{"k":{"a":1,"b":L},"c":{"d":L,"d":L},"k":{"a":1,"b":L},"c":{"d":L,"d":2}}',
+    ],
+)
+def test_keys_on_both_sides_of_a_stretch_read_apart_are_counted(raw: bytes, needle: int) -> None:
+    """A repeat whose first key is read apart and whose second lies in text read alike after.
+
+    The member written another way (an escape, a number) is read apart up to where the text
+    after it in orjson's is found again: after the key's first value, not before it.
+    """
+    raw = raw.replace(b"L", LONG)
+    assert full_pass_reason(raw) is not None
+    with tuned({"_NEEDLE": needle}):
+        check(raw)
+        check(dumps_spaced(raw))
+
+
 def test_compact_input_is_parsed_again_only_around_the_repeated_key(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -189,6 +357,60 @@ def test_compact_input_is_parsed_again_only_around_the_repeated_key(
         decode_json(raw)
     assert parsed == [parsed[0]]  # one pass, over the last ten steps (the text from them on)
     assert parsed[0] < len(raw) // 100
+
+
+def parsed_again(monkeypatch: pytest.MonkeyPatch, raw: bytes) -> tuple[str, list[int]]:
+    """The reason decode_json gives for ``raw``, and the length of each text json parsed."""
+    parsed: list[int] = []
+    loads = json.loads
+
+    def counting(text: bytes, **kwargs: Any) -> Any:
+        parsed.append(len(text))
+        return loads(text, **kwargs)
+
+    monkeypatch.setattr(trace_module.json, "loads", counting)
+    with pytest.raises(DuplicateKeyError) as error:
+        decode_json(raw)
+    monkeypatch.undo()
+    return error.value.reason, parsed
+
+
+STEPS = orjson.dumps(
+    {
+        "id": "t",
+        "steps": [{"step_id": index, "type": "thought"} for index in range(20_000)],
+        "outcome": {"confidence": 0.5},
+    }
+)
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+@pytest.mark.parametrize(
+    ("first", "last"),
+    [
+        (b'"id":"u"', b""),  # the root's first member, another value
+        (b"", b'"id":"u"'),  # its last
+        (b'"id":"t"', b""),  # the same value
+        (b"", b'"id":"t"'),
+        (b'"id":{"a":1,"a":2}', b""),  # the object given first closes first
+        (b"", b'"outcome":{"c":1,"c":2}'),  # so does the one given last
+        (b'"x":12', b'"x":1'),  # a number the canonical text writes shorter
+        (b'"k":[1,2]', b'"k":[]'),  # an array given empty last
+        (b'"x":1', b'"x":2,"y":3'),  # the repeat not the last member
+    ],
+)
+def test_a_repeated_root_key_is_parsed_again_only_around_it(
+    monkeypatch: pytest.MonkeyPatch, first: bytes, last: bytes, spaced: bool
+) -> None:
+    """The steps between the two members are the same text in the input and orjson's."""
+    raw = b"{" + first + b"," + STEPS[1:] if first else STEPS
+    raw = raw[:-1] + b"," + last + b"}" if last else raw
+    raw = dumps_spaced(raw) if spaced else raw
+    expected = full_pass_reason(raw)
+    assert expected is not None
+    reason, parsed = parsed_again(monkeypatch, raw)
+    assert reason == expected
+    assert sum(parsed) < len(raw) // 100
 
 
 @pytest.mark.parametrize("where", [0, 1, 50, 98, 99])
@@ -309,19 +531,26 @@ def test_json_dumps_spacing_is_parsed_again_only_around_the_repeated_key(
     assert parsed[0] < len(raw) // 100
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
-    text=st.lists(st.sampled_from(list(b" \t\n\rab")), max_size=40).map(bytes),
-    blanks=st.sampled_from([_BLANKS, b" "]),
+    first=st.binary(max_size=300),
+    second=st.binary(max_size=300),
+    shared=st.binary(max_size=400),
     data=st.data(),
 )
-def test_offset_of_kept_is_the_offset_of_that_byte(
-    text: bytes, blanks: bytes, data: st.DataObject
+def test_common_prefix_and_suffix_are_the_longest(
+    first: bytes, second: bytes, shared: bytes, data: st.DataObject
 ) -> None:
-    kept = [offset for offset, byte in enumerate(text) if byte not in blanks]
-    if kept:
-        number = data.draw(st.integers(0, len(kept) - 1))
-        assert _offset_of_kept(text, number, blanks) == kept[number]
+    for one, two in ((shared + first, shared + second), (first + shared, second + shared)):
+        start = data.draw(st.integers(0, len(one)))
+        other = data.draw(st.integers(0, len(two)))
+        prefix = _common_prefix(one, two, start, other)
+        suffix = _common_suffix(one, two, start, other)
+        rest = one[start:], two[other:]
+        assert rest[0][:prefix] == rest[1][:prefix]
+        assert prefix == min(map(len, rest)) or rest[0][prefix] != rest[1][prefix]
+        assert rest[0][len(rest[0]) - suffix :] == rest[1][len(rest[1]) - suffix :]
+        assert suffix == min(map(len, rest)) or rest[0][-suffix - 1] != rest[1][-suffix - 1]
 
 
 @settings(max_examples=300, deadline=None)

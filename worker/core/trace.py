@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cache
@@ -51,7 +51,6 @@ DEFAULT_MAX_CONTAINERS = 131_072
 MAX_DEPTH = 128  # nesting levels of arrays/objects, the document itself being level 1
 _COLON_ESCAPE = re.compile(rb"\\u003[aA]")
 _BLANKS = b" \t\n\r"  # JSON's whitespace; outside strings it means nothing
-_BLANKS_AS_SPACES = bytes.maketrans(b"\t\n\r", b"   ")
 # Every byte but the quote, the space and NUL: what the check for keys with spaces keeps.
 _NOT_QUOTE_SPACE_NUL = bytes(byte for byte in range(256) if byte not in b'" \0')
 
@@ -208,37 +207,47 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
         seen.add(key)
 
 
-def _common_prefix(first: bytes, second: bytes) -> int:
-    """Length of the longest common prefix, by halving: a few memcmp calls, no loop per byte."""
-    low, high = 0, min(len(first), len(second))
-    while low < high:  # first[:low] == second[:low]; they differ somewhere before high + 1
+def _matching_length(limit: int, alike: Callable[[int, int], bool]) -> int:
+    """Largest ``n <= limit`` with ``alike(0, n)``, where ``alike(low, high)`` compares one run.
+
+    Runs that double, then halving: memcmp-speed slices about as long as the common part in
+    all, no loop per byte.
+    """
+    low, size = 0, 64
+    while True:  # alike(0, low)
+        high = min(low + size, limit)
+        if not alike(low, high):
+            break
+        if high == limit:
+            return limit
+        low, size = high, size * 2
+    high -= 1  # they differ at or before high
+    while low < high:
         middle = (low + high + 1) // 2
-        if first[low:middle] == second[low:middle]:
+        if alike(low, middle):
             low = middle
         else:
             high = middle - 1
     return low
 
 
-def _offset_of_kept(text: bytes, number: int, blanks: bytes) -> int:
-    """Offset in ``text`` of its byte ``number`` (from 0) among those that are not ``blanks``.
+def _common_prefix(first: bytes, second: bytes, start: int = 0, other: int = 0) -> int:
+    """Length of the longest common prefix of ``first[start:]`` and ``second[other:]``."""
+    return _matching_length(
+        min(len(first) - start, len(second) - other),
+        lambda low, high: first[start + low : start + high] == second[other + low : other + high],
+    )
 
-    By halving, each half's blanks counted with bytes.count: about two reads of the text for
-    each kind of blank it holds (one kind, spaces, after one more read where it holds three or
-    four), no loop per byte.
-    """
-    present = [bytes([blank]) for blank in blanks if blank in text]
-    if len(present) > 2:
-        text, present = text.translate(_BLANKS_AS_SPACES), [b" "]
-    low, high, kept_low = 0, len(text), 0  # kept_low: bytes of text[:low] that are kept
-    while high - low > 1:  # the byte is in text[low:high]
-        middle = (low + high) // 2
-        kept = kept_low + (middle - low) - sum(text.count(blank, low, middle) for blank in present)
-        if kept > number:
-            high = middle
-        else:
-            low, kept_low = middle, kept
-    return low
+
+def _common_suffix(first: bytes, second: bytes, start: int, other: int) -> int:
+    """Length of the longest common suffix of ``first[start:]`` and ``second[other:]``."""
+    ends = len(first), len(second)
+    return _matching_length(
+        min(ends[0] - start, ends[1] - other),
+        lambda low, high: (
+            first[ends[0] - high : ends[0] - low] == second[ends[1] - high : ends[1] - low]
+        ),
+    )
 
 
 def _no_key_holds_a_space(body: bytes, squeezed: bytes) -> bool:
@@ -263,19 +272,25 @@ def _no_key_holds_a_space(body: bytes, squeezed: bytes) -> bool:
 
 
 _FEW_PAIRS = 32  # an object with no more pairs than this has each written on its own
+_ALLOWANCE = 2  # documents' worth of bytes the walks may write (_Rewrites)
 
 
 @dataclass(slots=True)
 class _Rewrites:
-    """Bytes the walk to where the input differs may still write to measure children.
+    """Bytes the walks to where the input differs may still write to measure children.
 
     Each level writes about its own container once, so a chain of nested containers, each
     nearly the whole document, would write the document once per level: past an allowance of
-    twice the document the walk stops, and the exact pass starts at the container it reached
-    (as exact, less narrow).
+    twice the document the walks stop, and the exact pass reads more of the input (as exact,
+    less narrow). Lengths are those of the compared text: without its spaces when ``blind``.
     """
 
     left: int
+    blind: bool = False
+
+    def length(self, written: bytes) -> int:
+        """Length of orjson's ``written`` in the compared text."""
+        return len(written) - written.count(b" ") if self.blind else len(written)
 
     def run_length(
         self, node: dict[str, Any] | list[Any], items: list[Any], low: int, high: int
@@ -284,7 +299,7 @@ class _Rewrites:
         run = items[low:high]
         written = orjson.dumps(dict(run) if isinstance(node, dict) else run)
         self.left -= len(written)
-        return len(written) - 2
+        return self.length(written) - 2
 
 
 def _halve(
@@ -356,85 +371,302 @@ def _child_at(
         while True:
             low = max(high - width, 0)
             length = rewrites.run_length(node, items, low, high)
-            if at >= stop - length - 1 or low == 0:
+            if at > stop - length - 1 or low == 0:  # the comma before the run is not in it
                 break
             high, stop, width = low, stop - length - 1, width * 2
         base = stop - length
     return _halve(node, items, low, high, (base, base + length), at, rewrites)
 
 
-def _child_holding(
-    node: dict[str, Any] | list[Any], span: tuple[int, int], at: int, rewrites: _Rewrites
-) -> tuple[bytes, Any, tuple[int, int]] | None:
-    """The container child of ``node`` open at offset ``at`` of the canonical text, if any.
+@dataclass(frozen=True, slots=True)
+class _Level:
+    """A container of the canonical text open at some offset, and its member holding it."""
 
-    ``node`` is written at ``span`` of the text. Returns the text that opens ``node`` up to
-    that child (for an object, the keys before it, with dummy values: they closed before
-    ``at``), the child, and where the child is written.
+    node: dict[str, Any] | list[Any]
+    index: int  # that member; -1 where the container is empty (the offset at its end)
+    start: int  # where the member starts (its key, in an object)
+    end: int  # where it ends: the comma or closing bracket after it
+    value: Any
+
+
+def _locate(
+    document: dict[str, Any], length: int, at: int, rewrites: _Rewrites
+) -> list[_Level] | None:
+    """The containers of the canonical text (``length`` long) open at ``at``, outermost first.
+
+    The innermost is the last one whose member holding ``at`` is not itself a container open
+    there, or the deepest reached before the allowance ran out. None if it was already out.
     """
-    items: list[Any] = list(node.items()) if isinstance(node, dict) else node
-    if not items:
+    if rewrites.left <= 0:
         return None
-    index, begin, finish = _child_at(node, items, span, at, rewrites)
-    if isinstance(node, dict):
-        key, child = items[index]
-        written_key = orjson.dumps(key)
-        before = orjson.dumps(dict.fromkeys(islice(node, index), 0))[:-1]
-        opening = before + (b"," if index else b"") + written_key + b":"
-        begin += len(written_key) + 1
-    else:
-        child, opening = items[index], b"["
-    if isinstance(child, dict | list) and begin < at < finish:
-        return opening, child, (begin, finish)
-    return None
+    levels: list[_Level] = []
+    node: dict[str, Any] | list[Any] = document
+    span = (0, length)
+    while True:
+        items: list[Any] = list(node.items()) if isinstance(node, dict) else node
+        if not items:
+            levels.append(_Level(node, -1, at, at, None))
+            return levels
+        index, start, end = _child_at(node, items, span, at, rewrites)
+        if isinstance(node, dict):
+            key, value = items[index]
+            begin = start + rewrites.length(orjson.dumps(key)) + 1
+        else:
+            value, begin = items[index], start
+        levels.append(_Level(node, index, start, end, value))
+        if not (isinstance(value, dict | list) and begin < at < end and rewrites.left > 0):
+            return levels
+        node, span = value, (begin, end)
+
+
+_OPEN, _COMMA, _VALUE = 0, 1, 2  # what the input read in a container so far ends with
+_MAX_PIECES = 8  # stretches read apart before the rest of the input is read in one pass
+_NEEDLE = 64  # bytes of the canonical text looked for where the input may read alike again
+_PIECES_SHARE = 4  # pieces parse at most a quarter of the input, stand-ins included
+
+
+class _Unsure(Exception):
+    """The narrowed pass cannot tell: the pass over all of the input answers instead."""
+
+
+@dataclass(slots=True)
+class _Frame:
+    """A container open at the reading point: the input's keys in it so far, and its place."""
+
+    node: dict[str, Any] | list[Any]  # the container in the canonical text
+    keys: list[str] | None  # None for an array
+    done: int  # members of ``node`` before the reading point (with the one open in it)
+    ends: int = _OPEN  # innermost frame: what the input read in it ends with
+
+
+def _pairs(keys: list[str]) -> bytes:
+    """``"key":0`` for each key, comma-separated, repeats kept."""
+    if len(set(keys)) == len(keys):
+        return orjson.dumps(dict.fromkeys(keys, 0))[1:-1]
+    return b",".join(orjson.dumps(key) + b":0" for key in keys)
+
+
+def _opening(frames: list[_Frame]) -> bytes:
+    """JSON text that leaves a parser where the input's text leaves it at the reading point.
+
+    The containers open there, each with the input's keys so far and 0 for every value: what
+    was read before holds no repeated key but in those containers.
+    """
+    parts = []
+    for frame in frames[:-1]:
+        if frame.keys is None:
+            parts.append(b"[")
+        else:
+            *before, key = frame.keys
+            comma = b"," if before else b""
+            parts.append(b"{" + _pairs(before) + comma + orjson.dumps(key) + b":")
+    if frames:
+        last = frames[-1]
+        if last.keys is None:
+            parts.append(b"[0" if last.ends == _VALUE else b"[")
+        else:
+            parts.append(b"{" + _pairs(last.keys) + (b"," if last.ends == _COMMA else b""))
+    return b"".join(parts)
+
+
+def _closers(frames: list[_Frame]) -> bytes:
+    return b"".join(b"]" if frame.keys is None else b"}" for frame in reversed(frames))
+
+
+def _check(keys: list[str]) -> None:
+    """Raise as the exact pass does if an object closing with these keys repeats one."""
+    if len(set(keys)) != len(keys):
+        _reject_duplicate_keys([(key, 0) for key in keys])
+
+
+def _read_alike(frames: list[_Frame], levels: list[_Level], done: int, ends: int) -> None:
+    """Move the reading point over text the input shares with the canonical text.
+
+    Shared text read from a point where both parse alike holds the same tokens, so the same
+    objects: those wholly in it hold no repeated key. The containers it closes get the
+    canonical text's remaining keys and are checked as they close (innermost first, as the
+    exact pass closes them); those it opens (``levels``), the keys before the member it stops
+    in; the innermost stops with ``done`` members read.
+    """
+    common = 0
+    while common < min(len(frames), len(levels)) and frames[common].node is levels[common].node:
+        common += 1
+    while len(frames) > common:
+        frame = frames.pop()
+        if frame.keys is not None:
+            frame.keys.extend(islice(frame.node, frame.done, None))
+            _check(frame.keys)
+    for depth, level in enumerate(levels):
+        upto = done if depth == len(levels) - 1 else level.index + 1
+        if depth == len(frames):
+            frames.append(_Frame(level.node, [] if isinstance(level.node, dict) else None, 0))
+        frame = frames[depth]
+        if upto < frame.done:
+            raise _Unsure
+        if frame.keys is not None:
+            frame.keys.extend(islice(level.node, frame.done, upto))
+        frame.done = upto
+    if frames:
+        frames[-1].ends = ends
+
+
+def _resume(levels: list[_Level], at: int) -> tuple[int, int, int, tuple[int, int] | None]:
+    """Where to read the input again when it first differs at ``at``, and where it may end.
+
+    Returns the offset (the start of the member holding ``at``, or ``at`` itself after a
+    container or in an empty one: the text before it parses alike in both), the members read
+    before it, what the input read ends with, and the end of the member (its offset and
+    depth) after which the input may read alike again, if any. A number is read again whole:
+    the input's could go on where the canonical one ends.
+    """
+    last = levels[-1]
+    parent = (levels[-2].end, len(levels) - 2) if len(levels) > 1 else None
+    if last.index < 0:
+        return at, 0, _OPEN, parent
+    if at == last.end and isinstance(last.value, dict | list):
+        return at, last.index + 1, _VALUE, parent
+    return last.start, last.index, _COMMA if last.index else _OPEN, (last.end, len(levels) - 1)
+
+
+def _read_apart(
+    document: dict[str, Any], text: bytes, ref: bytes, rewrites: _Rewrites, same: int
+) -> None:
+    """Raise the DuplicateKeyError of the exact pass over ``text``, parsing only where it differs.
+
+    ``ref`` is the canonical text of ``document``, ``text`` the input (both as compared), alike
+    for their first ``same`` bytes. Each stretch where they differ is parsed from the member
+    holding the first difference to where the text after that member in ``ref`` is found
+    again in ``text``, inside a stand-in for the containers open there (``_opening``) and
+    their closing brackets: that the piece parses proves the input is there at the same depth
+    between members, outside strings, so what follows is read alike (``_read_alike``). The
+    keys json saw in those containers carry on; an object that closed inside a piece with a
+    repeated key is the first one. After ``_MAX_PIECES`` stretches, past a quarter of the input
+    parsed in pieces, or where no resumption is found, the rest is parsed in one pass
+    (``_read_rest``).
+    """
+    frames: list[_Frame] = []
+    here = there = 0  # the reading point in text and in ref
+    budget = len(text) // _PIECES_SHARE  # what pieces may parse: one that fails is parsed again
+    for _ in range(_MAX_PIECES):
+        differs = there + same
+        if differs == len(ref) or here + same == len(text):
+            if differs == len(ref) and here + same == len(text):
+                _read_alike(frames, [], 0, _VALUE)
+            raise _Unsure  # never expected: the input has a repeated key, ref has none
+        levels = _locate(document, len(ref), differs, rewrites)
+        if levels is None:
+            break
+        resume, done, ends, after = _resume(levels, differs)
+        if not there <= resume <= differs:  # a walk cut short by the allowance
+            break
+        _read_alike(frames, levels, done, ends)
+        shift = here - there
+        here, there = resume + shift, resume
+        needle = ref[after[0] : after[0] + _NEEDLE] if after else b""
+        found = text.find(needle, differs + shift) if len(needle) == _NEEDLE else -1
+        if found < 0 or after is None:
+            break
+        end, depth = after
+        held = frames[: depth + 1]
+        piece = _opening(frames) + text[here:found] + _closers(held)
+        if len(piece) > budget:
+            break
+        budget -= len(piece)
+        closed: list[list[tuple[str, Any]]] = []
+        try:
+            json.loads(piece, object_pairs_hook=closed.append)
+        except ValueError:  # never inside the input's text: the input is not there as expected
+            break
+        objects = [frame for frame in held if frame.keys is not None]
+        inside = len(closed) - len(objects)
+        for pairs in closed[:inside]:  # closed in the input before anything after the piece
+            _reject_duplicate_keys(pairs)
+        for frame, pairs in zip(reversed(objects), closed[inside:], strict=True):
+            frame.keys = [key for key, _ in pairs]
+        del frames[depth + 1 :]
+        frames[-1].done, frames[-1].ends = levels[depth].index + 1, _VALUE
+        here, there = found, end
+        same = _common_prefix(text, ref, here, there)
+    _read_rest(document, text, ref, rewrites, frames, (here, there))
+
+
+def _read_rest(
+    document: dict[str, Any],
+    text: bytes,
+    ref: bytes,
+    rewrites: _Rewrites,
+    frames: list[_Frame],
+    point: tuple[int, int],
+) -> None:
+    """The exact pass over the input from the reading point, its end shared with ref skipped.
+
+    The end ``text`` shares with ``ref`` is cut at a comma or closing bracket of ``ref`` (the
+    end of the member it starts in, or the comma before that member where ``text`` has it
+    too): a text that holds as many unescaped quotes in the input as in ``ref`` (even), so the
+    input is there outside strings, between the same tokens, and reads the rest alike, at the
+    same depth. That rest is replaced by the keys that follow in each container open there,
+    with 0 for values.
+    """
+    here, there = point
+    tail, stop = b"", len(text)
+    alike = _common_suffix(text, ref, here, there)
+    levels = _locate(document, len(ref), len(ref) - alike, rewrites) if alike else None
+    if levels:
+        last, start = levels[-1], len(ref) - alike
+        stop = start + len(text) - len(ref)
+        comma = last.index > 0 and start == last.start and text[stop - 1 : stop] == b","
+        if not comma and last.index >= 0:
+            stop += last.end - start
+        parts = []
+        for level in reversed(levels):
+            inner = comma and level is last  # the input read stops after a comma there
+            after = level.index if inner else level.index + 1
+            if isinstance(level.node, dict):
+                pairs = _pairs(list(islice(level.node, after, None)))
+                parts.append((pairs if inner or not pairs else b"," + pairs) + b"}")
+            else:
+                parts.append(b"0]" if inner else b"]")
+        tail = b"".join(parts)
+    json.loads(_opening(frames) + text[here:stop] + tail, object_pairs_hook=_reject_duplicate_keys)
 
 
 def _raise_first_duplicate(raw: bytes, document: dict[str, Any], written: bytes) -> None:
     """Raise the DuplicateKeyError that json's exact pass over ``raw`` raises, parsing less.
 
-    ``written`` is orjson's canonical text of ``document``. Up to the first byte where ``raw``
-    differs from it, ``raw`` holds no object with a repeated key (written has none, and the
-    same text is the same objects), so every object that closes before that byte can be
-    skipped: json parses from the innermost container open there, inside a stand-in for its
-    ancestors that repeats their keys seen so far. The first object that closes with a
-    repeated key is then the same one, with the same key, as in a pass over all of ``raw``.
+    ``written`` is orjson's canonical text of ``document``. Text that ``raw`` shares with it,
+    read from a point where both parse alike, holds the same objects, and those hold no
+    repeated key (written has none): only the containers open across the stretches where the
+    two differ are checked, with the keys of the shared text around them written from
+    ``document`` (``_read_apart``). The first object that closes with a repeated key is then
+    the same one, with the same key, as in a pass over all of ``raw``.
 
     Where ``raw`` first differs by a blank (Python's json.dumps puts a space after each
-    separator, an indented text a newline) and no key of it holds a space, the two texts are
-    compared with their blanks dropped (spaces inside strings too: the only ones in
-    ``written``). Texts alike but for blanks hold the same tokens, nested alike; their strings
-    differ at most by spaces, which no key holds (nor, decoded from ``raw``, any key of
-    ``written``), so every key is the same and the argument above holds as it is. A key with
-    a space could pass for another key without it, so such input is compared byte for byte.
+    separator, an indented text a newline) and no key of it holds a space, both texts are
+    compared and parsed with their blanks dropped (spaces inside strings too: the only ones in
+    ``written``): the same tokens, nested alike, their strings differing at most by spaces,
+    which no key holds, so every object has the same keys. A key with a space could pass for
+    another key without it, so such input is compared byte for byte.
 
     Compact JSON with unescaped UTF-8 (orjson's, JavaScript's JSON.stringify's), or blanks
-    anywhere, cost a parse of the objects around the repeated key (the latter also a few
-    reads of both texts). Input that differs from orjson's text early otherwise (escapes,
-    numbers written another way) costs a parse from there to the object with the repeated
-    key, at worst all of it, as the exact pass always did.
+    anywhere, cost a parse of the members around each repeated key (the latter also a few
+    reads of both texts). Input that differs from orjson's text all along otherwise (escapes,
+    numbers written another way, spacing with a key that holds a space) costs a parse from
+    the first difference to the last, at worst all of it, as the exact pass always did.
     """
-    body = raw.lstrip(_BLANKS)
-    at = _common_prefix(body, written)
-    squeezed = body.translate(None, _BLANKS) if at < len(body) and body[at] in _BLANKS else b""
-    blind = bool(squeezed) and _no_key_holds_a_space(body, squeezed)
-    if blind:  # `at` becomes the first byte of written that differs once blanks are dropped
-        at = _offset_of_kept(written, _common_prefix(squeezed, written.translate(None, b" ")), b" ")
-    node: dict[str, Any] | list[Any] = document
-    heads: list[bytes] = []
-    span, rewrites = (0, len(written)), _Rewrites(left=2 * len(written))
-    while rewrites.left > 0 and (child := _child_holding(node, span, at, rewrites)):
-        opening, node, span = child
-        heads.append(opening)
-    begin = span[0]
-    if blind and begin:  # the same token of body: as many bytes not blank before it
-        begin = _offset_of_kept(body, begin - written.count(b" ", 0, begin), _BLANKS)
-    narrowed = b"".join(heads) + body[begin:]
+    body = raw.strip(_BLANKS)
+    text, ref, rewrites = body, written, _Rewrites(left=int(_ALLOWANCE * len(written)))
+    same = _common_prefix(body, written)
+    if same < len(body) and body[same] in _BLANKS:
+        squeezed = body.translate(None, _BLANKS)
+        if _no_key_holds_a_space(body, squeezed):
+            text, ref, rewrites.blind = squeezed, written.translate(None, b" "), True
+            same = _common_prefix(text, ref)
     with _gc_paused():
         try:
-            with suppress(ValueError):  # never expected: the stand-in is JSON when raw is
-                json.loads(narrowed, object_pairs_hook=_reject_duplicate_keys)
-            # Never reached either (the narrowed text holds the object with the repeated key),
-            # but if it were: the pass over all of raw.
+            with suppress(ValueError, _Unsure):  # never expected, but then: the wider pass
+                _read_apart(document, text, ref, rewrites, same)
+            # Never reached either (the narrowed pass meets the repeated key), but if it were:
+            # the pass over all of raw.
             json.loads(raw, object_pairs_hook=_reject_duplicate_keys)
         except RecursionError:
             raise InvalidJsonError("not valid JSON: nesting too deep") from None
