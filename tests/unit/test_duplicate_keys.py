@@ -341,10 +341,8 @@ def test_keys_on_both_sides_of_a_stretch_read_apart_are_counted(raw: bytes, need
         check(dumps_spaced(raw))
 
 
-def test_compact_input_is_parsed_again_only_around_the_repeated_key(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    raw = steps_with(b'"x":{"a":{"k":1,"k":2}}', 19_990, count=20_000)
+def lengths_parsed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The length of every text the exact pass parses from now on."""
     parsed: list[int] = []
     loads = json.loads
 
@@ -353,6 +351,14 @@ def test_compact_input_is_parsed_again_only_around_the_repeated_key(
         return loads(text, **kwargs)
 
     monkeypatch.setattr(trace_module.json, "loads", counting)
+    return parsed
+
+
+def test_compact_input_is_parsed_again_only_around_the_repeated_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    raw = steps_with(b'"x":{"a":{"k":1,"k":2}}', 19_990, count=20_000)
+    parsed = lengths_parsed(monkeypatch)
     with pytest.raises(DuplicateKeyError, match="'k' appears twice"):
         decode_json(raw)
     assert parsed == [parsed[0]]  # one pass, over the last ten steps (the text from them on)
@@ -361,14 +367,7 @@ def test_compact_input_is_parsed_again_only_around_the_repeated_key(
 
 def parsed_again(monkeypatch: pytest.MonkeyPatch, raw: bytes) -> tuple[str, list[int]]:
     """The reason decode_json gives for ``raw``, and the length of each text json parsed."""
-    parsed: list[int] = []
-    loads = json.loads
-
-    def counting(text: bytes, **kwargs: Any) -> Any:
-        parsed.append(len(text))
-        return loads(text, **kwargs)
-
-    monkeypatch.setattr(trace_module.json, "loads", counting)
+    parsed = lengths_parsed(monkeypatch)
     with pytest.raises(DuplicateKeyError) as error:
         decode_json(raw)
     monkeypatch.undo()
@@ -517,14 +516,7 @@ def test_json_dumps_spacing_is_parsed_again_only_around_the_repeated_key(
     compact = steps_with(b'"x":{"a":{"k":1,"k":2}}', 14_990, count=15_000)
     raw = compact.replace(b",", b"," + blank.encode()).replace(b":", b":" + blank.encode())
     raw = raw.replace(b'"type":', b'"text": "a b: c, d", "type":', 1)  # spaces in one value
-    parsed: list[int] = []
-    loads = json.loads
-
-    def counting(text: bytes, **kwargs: Any) -> Any:
-        parsed.append(len(text))
-        return loads(text, **kwargs)
-
-    monkeypatch.setattr(trace_module.json, "loads", counting)
+    parsed = lengths_parsed(monkeypatch)
     with pytest.raises(DuplicateKeyError, match="'k' appears twice"):
         decode_json(raw)
     assert parsed == [parsed[0]]
