@@ -196,14 +196,20 @@ def nesting_in_last_step(steps: bytes, levels: int) -> bytes:
     return replace_last(steps, b'"type":"thought"}', deep + b'"type":"thought"}')
 
 
-def spaced_steps(limit: int, document: dict[str, Any]) -> str:
-    """``document`` written as Python's json.dumps writes it, with as many thin steps as fit."""
+def spaced_steps(
+    limit: int, document: dict[str, Any], make: Callable[[int], dict[str, Any]] = thin_step
+) -> str:
+    """``document`` written as Python's json.dumps writes it, with as many steps as fit."""
     size = len(json.dumps(document))
     steps: list[dict[str, Any]] = []
-    while size + len(json.dumps(thin_step(len(steps)))) + 2 <= limit:
-        size += len(json.dumps(thin_step(len(steps)))) + 2
-        steps.append(thin_step(len(steps)))
+    while size + len(json.dumps(make(len(steps)))) + 2 <= limit:
+        size += len(json.dumps(make(len(steps)))) + 2
+        steps.append(make(len(steps)))
     return json.dumps({**document, "steps": steps})
+
+
+def accented_step(index: int) -> dict[str, Any]:
+    return {"step_id": index, "type": "thought", "content": "café, naïve ✓"}
 
 
 def spaced_duplicate(limit: int) -> bytes:
@@ -221,18 +227,25 @@ def spaced_duplicate(limit: int) -> bytes:
 DUPLICATE_ID = {"id": "kp:trace:dup"}
 
 
-def root_duplicate(limit: int, first: bool, spaced: bool = False, **extra: Any) -> bytes:
-    """The most thin steps that fit, ``"id"`` given twice at the root: as its first member or last.
+def root_duplicate(
+    limit: int,
+    first: bool,
+    spaced: bool = False,
+    make: Callable[[int], dict[str, Any]] = thin_step,
+    **extra: Any,
+) -> bytes:
+    """The most steps that fit, ``"id"`` given twice at the root: as its first member or last.
 
-    Compact as orjson writes, or spaced as Python's json.dumps; ``extra`` adds root fields.
+    Compact as orjson writes, or as Python's json.dumps writes with its defaults (spaced,
+    non-ASCII as \\u escapes); ``extra`` adds root fields.
     """
     pair = json.dumps(DUPLICATE_ID, separators=(", ", ": ") if spaced else (",", ":"))[1:-1]
     separator = ", " if spaced else ","
     room = limit - len(pair) - len(separator)
     if spaced:
-        text = spaced_steps(room, base(**extra))
+        text = spaced_steps(room, base(**extra), make)
     else:
-        text = fill(base(**extra), room, thin_step, "steps").decode()
+        text = fill(base(**extra), room, make, "steps").decode()
     if first:
         return ("{" + pair + separator + text[1:]).encode()
     return (text[:-1] + separator + pair + "}").encode()
@@ -294,6 +307,10 @@ def cases(limit: int) -> list[Case]:
         Case(
             "bad: dup root key, spaced, 'a b' key",
             root_duplicate(limit, first=True, spaced=True, x_notes={"run by": "nightly"}),
+        ),
+        Case(
+            "bad: dup root key, json.dumps, non-ASCII",
+            root_duplicate(limit, first=True, spaced=True, make=accented_step),
         ),
         Case("bad: cut one byte short", most[:-1]),
         Case("bad: one byte over the limit", padded(base(steps=one), limit + 1)),

@@ -28,6 +28,7 @@ from worker.core.trace import (
     _blanks_between_tokens_dropped,
     _common_prefix,
     _common_suffix,
+    _escapes_written_out,
     _locate,
     _reject_duplicate_keys,
     _Rewrites,
@@ -82,7 +83,10 @@ def trees() -> st.SearchStrategy[Any]:
 
 
 def write(node: Any, style: str, spaces: list[int]) -> str:
-    """JSON text of ``node`` in ``style``; in "spaced", a space after the listed separators."""
+    """JSON text of ``node`` in ``style``; in "spaced", a space after the listed separators.
+
+    "utf8" is compact json.dumps with ``ensure_ascii=False``, for the escapes written out.
+    """
     counter = [0]
     blank = {"dumps": " ", "lines": "\n  "}.get(style, "")
 
@@ -91,8 +95,8 @@ def write(node: Any, style: str, spaces: list[int]) -> str:
         return text + (" " if style == "spaced" and counter[0] in spaces else blank)
 
     def string(value: str) -> str:
-        if style in ("python", "dumps"):
-            return json.dumps(value)
+        if style in ("python", "dumps", "utf8"):
+            return json.dumps(value, ensure_ascii=style != "utf8")
         return orjson.dumps(value).decode()
 
     def go(value: Any) -> str:
@@ -103,7 +107,7 @@ def write(node: Any, style: str, spaces: list[int]) -> str:
             return "[" + sep(",").join(go(item) for item in value) + "]"
         if isinstance(value, str):
             return string(value)
-        if style in ("python", "dumps"):
+        if style in ("python", "dumps", "utf8"):
             return json.dumps(value)
         return orjson.dumps(value).decode()
 
@@ -558,3 +562,62 @@ def test_spacing_with_a_key_that_holds_a_space_is_parsed_again_only_around_the_r
     reason, parsed = parsed_again(monkeypatch, raw)
     assert reason == expected
     assert sum(parsed) < len(raw) // 100
+
+
+def strings_in(node: Any) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    for key, child in node.pairs if isinstance(node, Pairs) else []:
+        yield key
+        yield from strings_in(child)
+    for child in node if isinstance(node, list) else []:
+        yield from strings_in(child)
+
+
+UNWRITABLE = set(map(chr, range(32))) - set("\b\f\n\r\t")  # json.dumps writes them \u00XX
+
+
+@settings(max_examples=300, deadline=None)
+@given(document=trees())
+def test_escapes_are_written_out_as_text_with_them_unescaped(document: Any) -> None:
+    """json.dumps' default text reads as its ensure_ascii=False text, but where a string holds a
+    control character only a \\u escape writes: written out, it would break the string."""
+    python = write(document, "python", []).encode()
+    if any(UNWRITABLE & set(text) for text in strings_in(document)):
+        assert _escapes_written_out(python) == python
+    else:
+        assert _escapes_written_out(python) == write(document, "utf8", []).encode()
+
+
+def test_an_escaped_backslash_before_u_is_not_an_escape() -> None:
+    raw = b'{"k":"\\\\u00e9 \\u00e9 \\\\\\u00e9"}'  # \\u00e9, \u00e9, \\\u00e9
+    assert _escapes_written_out(raw) == '{"k":"\\\\u00e9 é \\\\é"}'.encode()
+
+
+def test_json_dumps_defaults_with_non_ascii_are_parsed_again_only_around_the_repeat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Escaped accents and emoji in every step, spaced, a root key given twice."""
+    steps = [{"step_id": i, "type": "thought", "content": "café ✓ 😀"} for i in range(8_000)]
+    text = json.dumps({"id": "t", "steps": steps, "id ": 1})
+    raw = (text[:-1] + ', "id": "u"}').encode()
+    assert raw.isascii() and b"\\ud83d" in raw
+    expected = full_pass_reason(raw)
+    assert expected is not None
+    reason, parsed = parsed_again(monkeypatch, raw)
+    assert reason == expected
+    assert sum(parsed) < len(raw) // 100
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"é":1,"x":"\\u00e9","é":2}'.encode(),
+        '{"a":{"é":1,"é":2},"x":"\\u00e9 😀"}'.encode(),
+        '{"x": "\\u00e9", "a": {"ü": [1], "b": 2, "ü": 3}}'.encode(),
+    ],
+)
+def test_utf8_mixed_with_escapes_names_the_key_a_full_pass_names(raw: bytes) -> None:
+    """Text already in UTF-8 is not read as escapes written out (it is not ASCII)."""
+    assert _escapes_written_out(raw) == raw
+    check(raw)

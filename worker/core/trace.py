@@ -52,6 +52,9 @@ DEFAULT_MAX_CONTAINERS = 131_072
 MAX_DEPTH = 128  # nesting levels of arrays/objects, the document itself being level 1
 _COLON_ESCAPE = re.compile(rb"\\u003[aA]")
 _BLANKS = b" \t\n\r"  # JSON's whitespace; outside strings it means nothing
+# \u escapes of characters orjson writes escaped too (controls, the quote, the backslash).
+_ESCAPES_KEPT = re.compile(rb"\\u00(?:[01][0-9a-fA-F]|22|5[cC])")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +250,26 @@ def _common_suffix(first: bytes, second: bytes, start: int, other: int) -> int:
             first[ends[0] - high : ends[0] - low] == second[ends[1] - high : ends[1] - low]
         ),
     )
+
+
+def _escapes_written_out(body: bytes) -> bytes:
+    """ASCII JSON text with ``\\u`` escapes (Python's json.dumps by default) as orjson writes it:
+    the escaped characters themselves, in UTF-8; other text as it is.
+
+    ``raw_unicode_escape`` decodes a ``\\u`` escape only after an odd run of backslashes, as
+    JSON reads it, and leaves every other byte of ASCII text alone. Text escaping a control
+    character, the quote or the backslash that way is left as it is (written out, they would
+    end or break its strings), as is any text the codec cannot read.
+    """
+    if not body.isascii() or b"\\u" not in body or _ESCAPES_KEPT.search(body):
+        return body
+    try:
+        text = body.decode("raw_unicode_escape")
+        if _SURROGATE_ESCAPE.search(body):  # pairs of escapes, one character each
+            text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+        return text.encode()
+    except UnicodeError:
+        return body
 
 
 def _blanks_between_tokens_dropped(body: bytes) -> bytes:
@@ -641,15 +664,17 @@ def _raise_first_duplicate(raw: bytes, document: dict[str, Any], written: bytes)
     Where ``raw`` first differs by a blank (Python's json.dumps puts a space after each
     separator, an indented text a newline), the text compared and parsed is ``raw`` with the
     blanks between its tokens dropped (``_blanks_between_tokens_dropped``): the same tokens,
-    strings and keys untouched, so the same objects with the same keys.
+    strings and keys untouched, so the same objects with the same keys. ASCII text that writes
+    characters as ``\\u`` escapes (json.dumps' default) is compared with them written out
+    (``_escapes_written_out``): the same strings, so the same keys.
 
-    Compact JSON with unescaped UTF-8 (orjson's, JavaScript's JSON.stringify's), or blanks
+    Compact JSON (orjson's, JavaScript's JSON.stringify's, Python's json.dumps'), or blanks
     anywhere, cost a parse of the members around each repeated key (the latter also a few
-    reads of both texts). Input that differs from orjson's text all along otherwise (escapes,
-    numbers written another way) costs a parse from the first difference to the last, at
-    worst all of it, as the exact pass always did.
+    reads of both texts). Input that differs from orjson's text all along otherwise (UTF-8
+    mixed with escapes, numbers written another way) costs a parse from the first difference
+    to the last, at worst all of it, as the exact pass always did.
     """
-    body = raw.strip(_BLANKS)
+    body = _escapes_written_out(raw.strip(_BLANKS))
     text, rewrites = body, _Rewrites(left=int(_ALLOWANCE * len(written)))
     same = _common_prefix(body, written)
     if same < len(body) and body[same] in _BLANKS:
