@@ -14,12 +14,13 @@ Every case is built here, in memory, as close to the size limit as its shape all
 - invalid: an error in the last of the most steps that fit, in every one of them, or at the
   root of such a trace; a duplicate key deep in the last step, written compactly (orjson's own
   text up to the key: only the last steps are parsed again) or with Python json.dumps' spaces
-  (the same once blanks are dropped from both texts: also only the last steps); the root's
+  (the same once the blanks between tokens are dropped: also only the last steps); the root's
   "id" given twice, as its first member or its last, around the most steps that fit, compact
   or with json.dumps' spaces (the steps are the same text in the input and orjson's, so only
-  the root's other members are parsed again), and spaced with a key that holds a space (the
-  texts then compared byte for byte: the whole input is parsed again); nesting one level over
-  the limit and past orjson's own limit; JSON cut short by one byte; one byte over the limit.
+  the root's other members are parsed again), spaced with a key that holds a space, and as
+  json.dumps writes non-ASCII steps by default (as \\u escapes, read written out); nesting one
+  level over the limit and past orjson's own limit; JSON cut short by one byte; one byte over
+  the limit.
 
 Columns, in milliseconds, each the median of ``--repeats`` runs: ``orjson`` is bare
 ``orjson.loads`` (the floor any decode pays: it builds every Python object), ``decode`` is
