@@ -554,16 +554,16 @@ def _read_apart(
 ) -> None:
     """Raise the DuplicateKeyError of the exact pass over ``text``, parsing only where it differs.
 
-    ``ref`` is the canonical text of ``document``, ``text`` the input (without blanks between
-    tokens where it has them), alike for their first ``same`` bytes. Each stretch where they
-    differ is parsed from the member holding the first difference to where the text after that
-    member in ``ref`` is found again in ``text``, inside a stand-in for the containers open
-    there (``_opening``) and their closing brackets: that the piece parses proves the input is
-    there at the same depth between members, outside strings, so what follows is read alike
-    (``_read_alike``). The keys json saw in those containers carry on; an object that closed
-    inside a piece with a repeated key is the first one. After ``_MAX_PIECES`` stretches, past a
-    quarter of the input parsed in pieces, or where no resumption is found, the rest is parsed
-    in one pass (``_read_rest``).
+    ``ref`` is the canonical text of ``document``, ``text`` the input (blanks between tokens
+    dropped and escapes written out, where it has them), alike for their first ``same`` bytes.
+    Each stretch where they differ is parsed from the member holding the first difference to
+    where the text after that member in ``ref`` is found again in ``text``, inside a stand-in
+    for the containers open there (``_opening``) and their closing brackets: that the piece
+    parses proves the input is there at the same depth between members, outside strings, so what
+    follows is read alike (``_read_alike``). The keys json saw in those containers carry on; an
+    object that closed inside a piece with a repeated key is the first one. After
+    ``_MAX_PIECES`` stretches, past a quarter of the input parsed in pieces, or where no
+    resumption is found, the rest is parsed in one pass (``_read_rest``).
     """
     frames: list[_Frame] = []
     here = there = 0  # the reading point in text and in ref
