@@ -195,8 +195,7 @@ def _ages_over(port: int, cut_for: float) -> tuple[float, float]:
     half the outage. Records the producer created during the outage reach the broker, and
     the worker, only after it: their ages show the outage however the reconnections race."""
     bound = max(b for b in END_TO_END_BUCKETS if b <= cut_for * 0.5)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+    text = _scrape(port)
     name = "kp_end_to_end_latency_seconds"
     within = re.search(rf'^{name}_bucket\{{le="{bound}"\}} (\S+)$', text, re.M)
     count = re.search(rf"^{name}_count (\S+)$", text, re.M)
