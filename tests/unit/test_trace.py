@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from worker.core import schema as schema_module
+from worker.core import trace as trace_module
 from worker.core.errors import (
     INPUT_ERROR_KINDS,
     DuplicateKeyError,
@@ -482,6 +483,14 @@ def test_container_limit_counts_brackets_before_decoding() -> None:
     assert parse_trace(in_text, max_containers=DEFAULT_MAX_CONTAINERS * 2).id
     with pytest.raises(TooLargeError):  # checked before the JSON itself
         decode_json(b"[[[[ not json", max_containers=3)
+
+
+@pytest.mark.parametrize("size", [0, 1, 32_767, 32_768, 300_001])
+def test_byte_counts_are_exact_on_both_sides_of_the_vectorised_path(size: int) -> None:
+    data = bytes((index * 37 + index // 7) % 256 for index in range(size))
+    for chars in ([b"{"], [b"{", b"["], [b":"], [b"\x00", b"\xff"]):
+        expected = sum(data.count(char) for char in chars)
+        assert trace_module._occurrences(data, *chars) == expected
 
 
 # --- nesting depth ------------------------------------------------------------------------

@@ -55,6 +55,7 @@ _BLANKS = b" \t\n\r"  # JSON's whitespace; outside strings it means nothing
 # \u escapes of characters orjson writes escaped too (controls, the quote, the backslash).
 _ESCAPES_KEPT = re.compile(rb"\\u00(?:[01][0-9a-fA-F]|22|5[cC])")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
+_VECTOR_COUNT_FROM = 32_768  # bytes from which numpy counts a byte faster than bytes.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,19 @@ class Trace:
 
 
 # --- decoding ---------------------------------------------------------------------------------
+
+
+def _occurrences(data: bytes, *chars: bytes) -> int:
+    """How many bytes of ``data`` are one of ``chars`` (single bytes).
+
+    bytes.count looks at a byte at a time (~0.4-0.8 ms per MiB of JSON, per character);
+    numpy compares and counts in SIMD, several times faster once the input is large enough
+    to pay for its call overhead.
+    """
+    if len(data) < _VECTOR_COUNT_FROM:
+        return sum(data.count(char) for char in chars)
+    codes = np.frombuffer(data, dtype=np.uint8)
+    return sum(int(np.count_nonzero(codes == ord(char))) for char in chars)
 
 
 @contextmanager
@@ -130,7 +144,7 @@ def _orjson_write_depth() -> int:
 
 def _nested_deeper_than(document: Any, raw: bytes, limit: int) -> bool:
     """Whether arrays/objects nest more than ``limit`` levels, by walking them level by level."""
-    if not isinstance(document, dict | list) or raw.count(b"[") + raw.count(b"{") <= limit:
+    if not isinstance(document, dict | list) or _occurrences(raw, b"[", b"{") <= limit:
         return False
     level: list[Any] = [document]
     for _ in range(limit):
@@ -189,7 +203,7 @@ def _dropped_a_key(raw: bytes, written: bytes) -> bool:
     if b"\\" in raw and _COLON_ESCAPE.search(raw):  # memchr first; re beats bytes.find here
         unpaired = raw.replace(b"\\\\", b"")
         escaped = unpaired.count(b"\\u003a") + unpaired.count(b"\\u003A")
-    return raw.count(b":") + escaped > written.count(b":")
+    return _occurrences(raw, b":") + escaped > _occurrences(written, b":")
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
@@ -701,7 +715,7 @@ def decode_json(
         raise EmptyMessageError("message has no value (empty or tombstone)")
     if len(raw) > max_bytes:
         raise TooLargeError(f"message is {len(raw)} bytes, over the {max_bytes}-byte limit")
-    brackets = raw.count(b"{") + raw.count(b"[")
+    brackets = _occurrences(raw, b"{", b"[")
     if brackets > max_containers:
         raise TooLargeError(
             f"message has {brackets} '{{' and '[' characters, over the limit of "
