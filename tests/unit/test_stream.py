@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,9 +16,9 @@ from prometheus_client import REGISTRY
 
 from worker.core.cache import PartitionCaches
 from worker.core.records import RoutedRecord, SourceRecord
-from worker.core.scorer import Scorer, Thresholds
+from worker.core.scorer import Prepared, Scorer, Thresholds
 from worker.core.scoring import load_profiles
-from worker.stream.processor import StreamScorer
+from worker.stream.processor import INLINE_DECODE_BYTES, StreamScorer
 
 from support.traces import make_trace
 
@@ -319,3 +320,26 @@ def test_stop_before_jobs_start_settles_them_and_frees_their_slots() -> None:
     assert stream._depth == 0
     assert not any(stream._in_flight.values())
     assert stream._slots._value == 16
+
+
+def test_large_records_are_decoded_off_the_event_loop_small_ones_on_it() -> None:
+    small = orjson.dumps(make_trace(task={"objective": "short"}))
+    large = orjson.dumps(make_trace(task={"objective": "long " * INLINE_DECODE_BYTES}))
+    assert len(small) <= INLINE_DECODE_BYTES < len(large)
+    records = [
+        SourceRecord(TOPIC, 0, offset, 1000 + offset, b"k", value)
+        for offset, value in enumerate([small, large, small, large])
+    ]
+    stream = StreamScorer(scorer(), FakeLog(records, committed=0), FakePublisher())
+    decoded_on: dict[int, bool] = {}
+    prepare = stream.scorer.prepare
+
+    def watched(batch: Sequence[SourceRecord]) -> list[Prepared]:
+        on_loop = threading.current_thread() is threading.main_thread()
+        decoded_on.update({item.offset: on_loop for item in batch})
+        return prepare(batch)
+
+    stream.scorer.prepare = watched  # type: ignore[method-assign]
+    published = run(stream.process(records))
+    assert decoded_on == {0: True, 1: False, 2: True, 3: False}
+    assert scores(published) == continuous(records)
