@@ -324,7 +324,7 @@ class Publisher:
             # A record is sent as soon as it is ready: each one waits on its own ack inside
             # its 100 ms budget, and a burst still shares requests (records queue while
             # one is in flight to the broker). A 2 ms linger made the publish stage 3.7-4.7 ms
-            # instead of 1.3-2.6, for no throughput (bench/RESULTS.md).
+            # instead of 1.3-2.6, with no gain in backlog rate (bench/RESULTS.md).
             linger_ms=0,
             max_batch_size=262_144,
             max_request_size=self._settings.output_record_limit,
