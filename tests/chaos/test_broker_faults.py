@@ -587,13 +587,13 @@ def test_replay_gives_up_on_a_broker_that_goes_away_in_one_line(proxied) -> None
 
     from worker.io.kafka import COMMAND_GIVE_UP_SECONDS
 
-    from support.kafka_helpers import produce
+    from support.kafka_helpers import consume_all, produce
 
     proxy, bootstrap = proxied
     prefix = f"replay-cut-{uuid.uuid4().hex[:8]}"
     topic = f"{prefix}.raw"
     create_topics(bootstrap, [topic], partitions=1)
-    count = 1500  # about a minute of scoring on two cores: the cut lands mid-way
+    count = 1500  # 13-15 s of replay on two cores; the cut comes after its first outputs
     produce(bootstrap, topic, [(None, trace(i, prefix), 0, None) for i in range(count)])
     command = [sys.executable, "-m", "worker.cli", "replay", "--topic", topic]
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
@@ -605,7 +605,16 @@ def test_replay_gives_up_on_a_broker_that_goes_away_in_one_line(proxied) -> None
         text=True,
     )
     try:
-        time.sleep(20)
+        # Every trace of this corpus is rejected: the cut comes once the first 50 are out
+        # (each read starts a new client, which sees the topic once the replay created it).
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                consume_all(bootstrap, f"{prefix}.r.rejected", expected_count=50, timeout=2)
+                break
+            except TimeoutError:
+                assert replaying.poll() is None, replaying.communicate()
+                assert time.monotonic() < deadline, "the replay published nothing in 120 s"
         assert replaying.poll() is None, replaying.communicate()
         cut_at = time.monotonic()
         proxy.cut()
