@@ -26,6 +26,7 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from worker.core.digest import file_sha256
+from worker.core.stages import StagedEncoder, staged_encoder
 from worker.core.streamline import streamline
 from worker.memory import release_freed_memory
 
@@ -41,6 +42,13 @@ _OUTPUT_NAME = "last_hidden_state"
 # English runs ~4-5 characters a token, so the prefix almost always holds enough tokens.
 _CHARS_PER_TOKEN_CUT = 16
 _REQUIRED_INPUTS = ("input_ids", "attention_mask")
+# Runs of at least this many tokens split over idle threads (0: never; worker default).
+SPLIT_MIN_TOKENS = 64
+# The stages are checked against the whole model on this text's tokens at load.
+_STAGE_PROBE_TEXT = (
+    "An agent read the failing test, traced the error to a stale cache entry, cleared it, "
+    "reran the suite and recorded why the fix holds. "
+) * 2
 
 
 class Embedder(Protocol):
@@ -65,6 +73,10 @@ class OnnxEmbedder:
     intra-op threads, so texts are spread over a small pool of threads that all call the same
     session (`InferenceSession.run` and `Tokenizer.encode_batch` are thread-safe; one session
     keeps one copy of the weights). A text's vector does not depend on which thread ran it.
+
+    A run that finds the other threads idle splits its tokens over them, layer by layer
+    (:mod:`worker.core.stages`), so a trace that arrives alone uses every core and a backlog
+    still runs one text per core.
     """
 
     model_id: str
@@ -73,13 +85,15 @@ class OnnxEmbedder:
     def __init__(
         self,
         *,
-        session: ort.InferenceSession,
+        session: ort.InferenceSession | StagedEncoder,
         tokenizer: Tokenizer,
         model_id: str,
         batch_size: int,
         pad_id: int,
         max_tokens: int,
         concurrency: int = 1,
+        split_min_tokens: int = 0,
+        split_note: str | None = None,
     ) -> None:
         """Use :meth:`load`; this only wires already-validated parts together."""
         self.model_id = model_id
@@ -87,8 +101,21 @@ class OnnxEmbedder:
         self.batch_size = batch_size
         self.concurrency = concurrency
         self._pool: ThreadPoolExecutor | None = None
+        self._slice_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self._runs_lock = threading.Lock()
+        self._runs_in_progress = 0
         self._session = session
+        # Splitting a run over the idle threads needs the stages and more than one thread.
+        self._split_min_tokens = (
+            split_min_tokens if isinstance(session, StagedEncoder) and concurrency > 1 else 0
+        )
+        # Why runs are never split (None: they are, when the other threads are idle).
+        self.split_note = (
+            split_note
+            if self._split_min_tokens
+            else (split_note or "runs are not split (KP_EMBED_SPLIT_MIN_TOKENS=0 or one thread)")
+        )
         self._tokenizer = tokenizer
         self._pad_id = pad_id
         self._char_cut = max_tokens * _CHARS_PER_TOKEN_CUT
@@ -154,12 +181,22 @@ class OnnxEmbedder:
                 self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="kp-embed")
             return self._pool
 
+    def _slice_executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._slice_pool is None:
+                self._slice_pool = ThreadPoolExecutor(
+                    self.concurrency - 1, thread_name_prefix="kp-embed-slice"
+                )
+            return self._slice_pool
+
     def close(self) -> None:
         """Let the embedding threads finish their current run and exit."""
         with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pools = (self._pool, self._slice_pool)
+            self._pool = self._slice_pool = None
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def _encode(self, texts: Sequence[str]) -> list[Encoding]:
         """Token ids for each text, exactly as tokenizing the whole text would give them.
@@ -189,8 +226,30 @@ class OnnxEmbedder:
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
         if self._feeds_token_types:
             feeds["token_type_ids"] = np.zeros_like(input_ids)
-        (hidden,) = self._session.run([self._output_name], feeds)
-        return _mean_pool_normalise(hidden, attention_mask, lengths)
+        return _mean_pool_normalise(self.run_model(feeds), attention_mask, lengths)
+
+    def run_model(self, feeds: dict[str, IntArray]) -> FloatArray:
+        """The model's hidden states for one padded batch; split over the idle threads when
+        it is long enough and no other run holds them."""
+        width = feeds["input_ids"].shape[1]
+        with self._runs_lock:
+            self._runs_in_progress += 1
+            idle_threads = self.concurrency - self._runs_in_progress
+        try:
+            if self._split_min_tokens and width >= self._split_min_tokens and idle_threads:
+                assert isinstance(self._session, StagedEncoder)
+                return self._session.run_split(
+                    feeds, idle_threads + 1, self._slice_executor(), self._alone
+                )
+            (hidden,) = self._session.run([self._output_name], feeds)
+            return hidden
+        finally:
+            with self._runs_lock:
+                self._runs_in_progress -= 1
+
+    def _alone(self) -> bool:
+        """A split run keeps its slices only while no other run has started."""
+        return self._runs_in_progress == 1
 
     @classmethod
     def load(
@@ -204,6 +263,7 @@ class OnnxEmbedder:
         max_tokens: int = 256,
         concurrency: int = 1,
         model_id: str | None = None,
+        split_min_tokens: int = SPLIT_MIN_TOKENS,
     ) -> OnnxEmbedder:
         """Verify, load and smoke-test the model; raise EmbedderUnavailable saying why not.
 
@@ -211,10 +271,17 @@ class OnnxEmbedder:
         length, or that does not produce 384-d hidden states, fails here rather than on the
         first long trace.
         """
-        if batch_size < 1 or max_tokens < 2 or intra_op_threads < 1 or concurrency < 1:
+        if (
+            batch_size < 1
+            or max_tokens < 2
+            or intra_op_threads < 1
+            or concurrency < 1
+            or split_min_tokens < 0
+        ):
             raise EmbedderUnavailable(
                 f"invalid embedder options: batch_size={batch_size}, max_tokens={max_tokens}, "
-                f"intra_op_threads={intra_op_threads}, concurrency={concurrency}"
+                f"intra_op_threads={intra_op_threads}, concurrency={concurrency}, "
+                f"split_min_tokens={split_min_tokens}"
             )
         model_path = Path(model_path)
         actual_sha256 = file_sha256(model_path, "model file", EmbedderUnavailable)
@@ -224,7 +291,9 @@ class OnnxEmbedder:
                 "(wrong or damaged file; set KP_MODEL_SHA256 if you replaced it on purpose)"
             )
         tokenizer, pad_id = _load_tokenizer(Path(tokenizer_path), max_tokens)
-        session = _open_session(model_path, intra_op_threads)
+        splits = split_min_tokens > 0 and concurrency > 1
+        probe = tokenizer.encode(_STAGE_PROBE_TEXT).ids if splits else None
+        session, split_note = _open_session(model_path, intra_op_threads, probe)
         embedder = cls(
             session=session,
             tokenizer=tokenizer,
@@ -233,6 +302,8 @@ class OnnxEmbedder:
             pad_id=pad_id,
             max_tokens=max_tokens,
             concurrency=concurrency,
+            split_min_tokens=split_min_tokens,
+            split_note=split_note,
         )
         embedder._smoke_test(model_path, max_tokens)
         # Loading turns the packaged int8 weights into float32 constants; trimming the freed
@@ -286,6 +357,7 @@ def load_embedder(settings: Settings) -> tuple[OnnxEmbedder | None, str | None]:
             max_tokens=settings.embed_max_tokens,
             concurrency=settings.resolved_embed_concurrency,
             model_id=model_id,
+            split_min_tokens=settings.embed_split_min_tokens,
         )
     except EmbedderUnavailable as exc:
         if settings.embedder_required:
@@ -379,14 +451,30 @@ def _load_tokenizer(path: Path, max_tokens: int) -> tuple[Tokenizer, int]:
     return tokenizer, pad_id
 
 
-def _open_session(model_path: Path, intra_op_threads: int) -> ort.InferenceSession:
-    """One CPU session, sequential, no spinning: idle inference threads must not burn the cores
-    the Kafka consumer and scorer share with it."""
-    options = session_options(intra_op_threads)
+def _open_session(
+    model_path: Path, intra_op_threads: int, stage_probe: Sequence[int] | None
+) -> tuple[ort.InferenceSession | StagedEncoder, str | None]:
+    """The model as one CPU session, or as stages when `stage_probe` (token ids to check the
+    stages on) is given and the model can be cut exactly; and why it is not staged.
+
+    Sessions run sequentially, without spinning: idle inference threads must not burn the
+    cores the Kafka consumer and scorer share with them.
+    """
+    model = streamlined_model(model_path)
     try:
-        session = ort.InferenceSession(
-            streamlined_model(model_path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        if stage_probe is None:
+            options = session_options(intra_op_threads)
+            session: ort.InferenceSession | StagedEncoder = ort.InferenceSession(
+                model, sess_options=options, providers=["CPUExecutionProvider"]
+            )
+            note = None
+        else:
+            session, note = staged_encoder(
+                model,
+                functools.partial(session_options, intra_op_threads),
+                _OUTPUT_NAME,
+                stage_probe,
+            )
     except Exception as exc:
         raise EmbedderUnavailable(
             f"model {model_path} cannot be loaded by onnxruntime: {_one_line(exc)}"
@@ -398,7 +486,7 @@ def _open_session(model_path: Path, intra_op_threads: int) -> ort.InferenceSessi
             f"model {model_path} lacks inputs {missing} (has {sorted(inputs)}); "
             "expected a BERT-style sentence encoder"
         )
-    return session
+    return session, note
 
 
 def streamlined_model(model_path: Path) -> str | bytes:

