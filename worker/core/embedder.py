@@ -67,12 +67,13 @@ class EmbedderUnavailable(Exception):
 
 
 class OnnxEmbedder:
-    """One onnxruntime session and one tokenizer, run by up to `concurrency` threads at once.
+    """One model and one tokenizer, run by up to `concurrency` threads at once.
 
     On CPU, separate single-threaded runs use the cores better than one run split over
     intra-op threads, so texts are spread over a small pool of threads that all call the same
-    session (`InferenceSession.run` and `Tokenizer.encode_batch` are thread-safe; one session
-    keeps one copy of the weights). A text's vector does not depend on which thread ran it.
+    model (`InferenceSession.run` and `Tokenizer.encode_batch` are thread-safe; the model, one
+    session or one per stage, keeps one copy of the weights). A text's vector does not depend
+    on which thread ran it.
 
     A run that finds the other threads idle splits its tokens over them, layer by layer
     (:mod:`worker.core.stages`), so a trace that arrives alone uses every core and a backlog
