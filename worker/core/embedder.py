@@ -26,6 +26,7 @@ import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
 from worker.core.digest import file_sha256
+from worker.core.errors import one_line
 from worker.core.stages import StagedEncoder, staged_encoder
 from worker.core.streamline import streamline
 from worker.memory import release_freed_memory
@@ -319,7 +320,7 @@ class OnnxEmbedder:
             vectors = self._embed_batch([encoding], np.array([len(encoding)], dtype=np.int64))
         except Exception as exc:
             raise EmbedderUnavailable(
-                f"model {model_path} failed on a {max_tokens}-token input: {_one_line(exc)}"
+                f"model {model_path} failed on a {max_tokens}-token input: {one_line(exc)}"
             ) from exc
         if vectors.shape != (1, DIMENSIONS) or not np.isfinite(vectors).all():
             raise EmbedderUnavailable(
@@ -444,7 +445,7 @@ def _load_tokenizer(path: Path, max_tokens: int) -> tuple[Tokenizer, int]:
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:
-        raise EmbedderUnavailable(f"tokenizer {path} cannot be read: {_one_line(exc)}") from None
+        raise EmbedderUnavailable(f"tokenizer {path} cannot be read: {one_line(exc)}") from None
     padding = tokenizer.padding
     pad_id = int(padding["pad_id"]) if padding else (tokenizer.token_to_id("[PAD]") or 0)
     tokenizer.no_padding()
@@ -478,7 +479,7 @@ def _open_session(
             )
     except Exception as exc:
         raise EmbedderUnavailable(
-            f"model {model_path} cannot be loaded by onnxruntime: {_one_line(exc)}"
+            f"model {model_path} cannot be loaded by onnxruntime: {one_line(exc)}"
         ) from None
     inputs = {i.name for i in session.get_inputs()}
     missing = [name for name in _REQUIRED_INPUTS if name not in inputs]
@@ -553,9 +554,3 @@ def _mean_pool_normalise(
     out = np.zeros_like(pooled)
     np.divide(pooled, norms, out=out, where=norms > 0)
     return out
-
-
-def _one_line(exc: BaseException) -> str:
-    """onnxruntime and tokenizers errors span lines; a reason should fit one log line."""
-    text = " ".join(str(exc).split())
-    return text[:300] or type(exc).__name__

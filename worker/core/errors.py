@@ -17,6 +17,13 @@ def snippet(value: object) -> str:
     return text if len(text) <= _SNIPPET_CHARS else text[: _SNIPPET_CHARS - 3] + "..."
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's message as one line: onnxruntime, tokenizers and onnx errors span lines,
+    and a reason should fit one log line."""
+    text = " ".join(str(exc).split())
+    return text[:300] or type(exc).__name__
+
+
 class TraceError(Exception):
     """Input that cannot be scored: ``kind`` is stable (metrics, headers), ``reason`` for people."""
 

@@ -50,6 +50,7 @@ import numpy.typing as npt
 import onnxruntime as ort
 
 from worker.core.digest import file_sha256
+from worker.core.errors import one_line
 
 if TYPE_CHECKING:
     import onnx
@@ -197,7 +198,7 @@ def derive_bytes(source: Path, recipe: Recipe, *, tokenizer_path: Path | None = 
     try:
         model = onnx.load(str(source))
     except Exception as exc:
-        raise QuantizeError(f"source model {source} cannot be parsed: {_one_line(exc)}") from None
+        raise QuantizeError(f"source model {source} cannot be parsed: {one_line(exc)}") from None
     fold_weight_dequantization(model)
     matmuls = weight_matmuls(model)
     if not matmuls:
@@ -227,7 +228,7 @@ def derive_bytes(source: Path, recipe: Recipe, *, tokenizer_path: Path | None = 
                 )
         except Exception as exc:
             raise QuantizeError(
-                f"quantizing {source} with recipe {recipe.name} failed: {_one_line(exc)}"
+                f"quantizing {source} with recipe {recipe.name} failed: {one_line(exc)}"
             ) from None
         return out.read_bytes()
 
@@ -374,7 +375,7 @@ def calibrate_absmax(
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
     except Exception as exc:
         raise QuantizeError(
-            f"tokenizer {tokenizer_path} cannot be read for calibration: {_one_line(exc)}"
+            f"tokenizer {tokenizer_path} cannot be read for calibration: {one_line(exc)}"
         ) from None
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=256)
@@ -395,7 +396,7 @@ def calibrate_absmax(
             probe.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
         )
     except Exception as exc:
-        raise QuantizeError(f"calibration model does not load: {_one_line(exc)}") from None
+        raise QuantizeError(f"calibration model does not load: {one_line(exc)}") from None
     feeds_token_types = "token_type_ids" in {i.name for i in session.get_inputs()}
     absmax: dict[str, npt.NDArray[np.float32]] = {}
     for text in CALIBRATION_TEXTS:
@@ -533,7 +534,7 @@ def _check_loads(data: bytes, source: Path) -> None:
         ort.InferenceSession(data, sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise QuantizeError(
-            f"the int8 model derived from {source} does not load: {_one_line(exc)}"
+            f"the int8 model derived from {source} does not load: {one_line(exc)}"
         ) from None
 
 
@@ -590,8 +591,3 @@ def _quiet_quantizer() -> Iterator[None]:
         yield
     finally:
         root.removeFilter(notice_filter)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:300] or type(exc).__name__

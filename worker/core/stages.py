@@ -36,13 +36,16 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from worker.core.errors import one_line
+
 if TYPE_CHECKING:
     import onnx
 
 FloatArray = npt.NDArray[np.float32]
 Feeds = dict[str, np.ndarray]
 
-# Fewer tokens than this in a slice and the joins between layers cost more than they save.
+# Slices keep at least this many tokens: a 64-token text in two slices took 0.71 of its
+# whole time (bench/model_runs.py); shorter slices were not measured.
 MIN_TOKENS_PER_SLICE = 32
 _PROBE_TOKENS = 2 * MIN_TOKENS_PER_SLICE + 7  # odd, and no other dimension of the model
 _TOKEN_AXIS = 1  # of the inputs [batch, tokens] and the hidden states [batch, tokens, width]
@@ -208,7 +211,7 @@ def staged_encoder(
             probes = _probe_feeds(input_names, probe_token_ids)
             expected = [whole.run([output_name], feeds)[0] for feeds in probes]
         except Exception as exc:  # the embedder's own smoke test will say what is wrong
-            return whole, f"the whole model failed on the probe: {_one_line(exc)}"
+            return whole, f"the whole model failed on the probe: {one_line(exc)}"
         del whole
         try:
             staged = _build(optimised_path, options, output_name, input_names, probes[0])
@@ -216,7 +219,7 @@ def staged_encoder(
         except StagingUnavailable as exc:
             reason = str(exc)
         except Exception as exc:  # any other failure to cut leaves the whole model
-            reason = f"cutting the model failed: {_one_line(exc)}"
+            reason = f"cutting the model failed: {one_line(exc)}"
     if reason is None:
         return staged, None
     return ort.InferenceSession(model, sess_options=options(), providers=_PROVIDERS), reason
@@ -238,10 +241,6 @@ def _difference(
                 if got.shape != reference.shape or not np.array_equal(got, reference):
                     return f"the stages differ from the whole model ({slices} slices)"
     return None
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
 def _probe_feeds(input_names: Sequence[str], token_ids: Sequence[int]) -> list[Feeds]:
