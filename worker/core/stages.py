@@ -37,6 +37,7 @@ import numpy.typing as npt
 import onnxruntime as ort
 
 from worker.core.errors import one_line
+from worker.core.streamline import GraphIndex
 
 if TYPE_CHECKING:
     import onnx
@@ -272,13 +273,14 @@ def _build(
     import onnx
 
     graph_model = onnx.load(str(optimised_path))
-    cuts = _find_cuts(graph_model.graph)
+    index = GraphIndex(graph_model.graph)
+    cuts = _find_cuts(graph_model.graph, index)
     # One stage's bytes at a time: each session takes its share of the weights as it loads.
     stages = [
         _Stage(_session(model_bytes, options), inputs, outputs)
-        for model_bytes, inputs, outputs in _plan_stages(graph_model, cuts, output_name)
+        for model_bytes, inputs, outputs in _plan_stages(graph_model, index, cuts, output_name)
     ]
-    del graph_model
+    del graph_model, index
     return StagedEncoder(
         stages[0], stages[1:], cuts, _token_axes(stages[0], cuts, probe), input_names, output_name
     )
@@ -322,14 +324,10 @@ def _token_axes(embeddings: _Stage, cuts: Sequence[_LayerCut], probe: Feeds) -> 
     )
 
 
-def _find_cuts(graph: onnx.GraphProto) -> list[_LayerCut]:
+def _find_cuts(graph: onnx.GraphProto, index: GraphIndex) -> list[_LayerCut]:
     """Each attention's inputs, in layer order: Softmax(scores + mask) @ values, where the
     scores multiply queries made from the layer's hidden states by every token's keys."""
-    producer = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    producer, consumers = index.producer, index.consumers
     cuts = []
     for softmax in (n for n in graph.node if n.op_type == "Softmax"):
         if _attribute(softmax, "axis", -1) != -1:
@@ -383,14 +381,14 @@ def _projected_from(producer: dict[str, onnx.NodeProto], queries: str) -> str:
 
 
 def _plan_stages(
-    model: onnx.ModelProto, cuts: Sequence[_LayerCut], output_name: str
+    model: onnx.ModelProto, index: GraphIndex, cuts: Sequence[_LayerCut], output_name: str
 ) -> Iterator[tuple[bytes, tuple[str, ...], tuple[str, ...]]]:
     """(model bytes, inputs, outputs) of the embeddings stage, then of one stage per layer."""
-    graph = model.graph
-    model_inputs = [i.name for i in graph.input]
+    model_inputs = [i.name for i in model.graph.input]
+    extract = functools.partial(_extract, model, index)
     masks = tuple(dict.fromkeys(cut.mask for cut in cuts))
     first_outputs = (cuts[0].hidden, *masks, cuts[0].keys, cuts[0].values)
-    yield _extract(model, model_inputs, first_outputs, shapes_only=())
+    yield extract(model_inputs, first_outputs, shapes_only=())
     for layer, cut in enumerate(cuts):
         if layer + 1 < len(cuts):
             after = cuts[layer + 1]
@@ -398,11 +396,12 @@ def _plan_stages(
         else:
             outputs = (output_name,)
         cut_inputs = (cut.hidden, cut.keys, cut.values, cut.mask)
-        yield _extract(model, cut_inputs, outputs, shapes_only=model_inputs)
+        yield extract(cut_inputs, outputs, shapes_only=model_inputs)
 
 
 def _extract(
     model: onnx.ModelProto,
+    index: GraphIndex,
     inputs: Sequence[str],
     outputs: Sequence[str],
     *,
@@ -416,9 +415,8 @@ def _extract(
     from onnx import TensorProto, helper
 
     graph = model.graph
-    producer = {out: node for node in graph.node for out in node.output}
-    order = {id(node): index for index, node in enumerate(graph.node)}
-    initializers = {init.name: init for init in graph.initializer}
+    producer, initializers = index.producer, index.initializers
+    order = {id(node): position for position, node in enumerate(graph.node)}
     declared = {i.name: i for i in graph.input}
     wanted, seen = list(outputs), set(inputs)
     nodes: dict[int, onnx.NodeProto] = {}

@@ -61,8 +61,8 @@ def streamline(model: onnx.ModelProto) -> Streamlined:
     return Streamlined(guards, tables)
 
 
-class _Graph:
-    """Producer, consumers and constants of one graph, read once before a rewrite."""
+class GraphIndex:
+    """Producer, consumers and constants of one graph, read once before a rewrite or a cut."""
 
     def __init__(self, graph: onnx.GraphProto) -> None:
         from onnx import numpy_helper
@@ -94,7 +94,7 @@ class _Graph:
 
 def _remove_softmax_nan_guards(graph: onnx.GraphProto) -> int:
     """``Where(IsNaN(p), 0, p)`` over a Softmax output ``p`` -> ``p``."""
-    view = _Graph(graph)
+    view = GraphIndex(graph)
     replaced: dict[str, str] = {}
     for node in graph.node:
         if node.op_type != "Where" or len(node.input) != 3 or node.output[0] in view.outputs:
@@ -120,7 +120,7 @@ def _gather_before_dequantizing(graph: onnx.GraphProto) -> int:
     import onnx
     from onnx import helper
 
-    view = _Graph(graph)
+    view = GraphIndex(graph)
     rewritten = 0
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
@@ -145,7 +145,7 @@ def _gather_before_dequantizing(graph: onnx.GraphProto) -> int:
     return rewritten
 
 
-def _gathered_first(view: _Graph, gather: onnx.NodeProto) -> tuple[str, str, bool] | None:
+def _gathered_first(view: GraphIndex, gather: onnx.NodeProto) -> tuple[str, str, bool] | None:
     """(int8 table, scale, scale is per row) when ``gather`` looks rows up in a table that
     is dequantized only for this lookup; None otherwise."""
     import onnx
