@@ -54,7 +54,6 @@ _COLON_ESCAPE = re.compile(rb"\\u003[aA]")
 _BLANKS = b" \t\n\r"  # JSON's whitespace; outside strings it means nothing
 # \u escapes of characters orjson writes escaped too (controls, the quote, the backslash).
 _ESCAPES_KEPT = re.compile(rb"\\u00(?:[01][0-9a-fA-F]|22|5[cC])")
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
 _VECTOR_COUNT_FROM = 32_768  # bytes from which numpy counts a byte faster than bytes.count
 
 
@@ -199,11 +198,14 @@ def _dropped_a_key(raw: bytes, written: bytes) -> bool:
     escape \\u003a (one colon when decoded, none in the input) are added back. Backslash pairs
     are removed first so that an escaped backslash followed by "u003a" is not counted.
     """
+    colons, written_colons = _occurrences(raw, b":"), _occurrences(written, b":")
+    if colons > written_colons:  # escaped colons only add to the input's count
+        return True
     escaped = 0
     if b"\\" in raw and _COLON_ESCAPE.search(raw):  # memchr first; re beats bytes.find here
         unpaired = raw.replace(b"\\\\", b"")
         escaped = unpaired.count(b"\\u003a") + unpaired.count(b"\\u003A")
-    return _occurrences(raw, b":") + escaped > _occurrences(written, b":")
+    return colons + escaped > written_colons
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
@@ -279,9 +281,10 @@ def _escapes_written_out(body: bytes) -> bytes:
         return body
     try:
         text = body.decode("raw_unicode_escape")
-        if _SURROGATE_ESCAPE.search(body):  # pairs of escapes, one character each
-            text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
-        return text.encode()
+        try:
+            return text.encode()
+        except UnicodeEncodeError:  # surrogates: pairs of escapes, one character each
+            return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le").encode()
     except UnicodeError:
         return body
 
