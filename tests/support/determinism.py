@@ -121,9 +121,9 @@ async def _count(bootstrap: str, topics: list[str]) -> int:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await consumer.start()
     try:
-        cluster = await consumer._client.fetch_all_metadata()
+        await consumer.topics()  # fetches the cluster's metadata
         partitions = [
-            TopicPartition(t, p) for t in topics for p in cluster.partitions_for_topic(t) or ()
+            TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()
         ]
         if not partitions:
             return 0
