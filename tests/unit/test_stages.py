@@ -2,8 +2,8 @@
 
 A run that splits its tokens over idle threads must give every vector bit for bit as one
 whole run does (novelty, replays and the golden vectors depend on it), whatever the number
-of slices and wherever the split stops; a model the stages cannot reproduce exactly is run
-whole, with the reason kept.
+of slices and wherever the split starts or stops; a model the stages cannot reproduce
+exactly is run whole, with the reason kept.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_split_runs_give_the_whole_models_bits(
     (expected,) = whole._session.run(["last_hidden_state"], feeds)
     assert isinstance(staged._session, StagedEncoder)
     with ThreadPoolExecutor(4) as helpers:
-        got = staged._session.run_split(feeds, slices, helpers, lambda: True)
+        got = staged._session.run_split(feeds, helpers, lambda: slices)
     assert got.dtype == expected.dtype and np.array_equal(got, expected)
 
 
@@ -102,7 +102,23 @@ def test_a_split_that_stops_midway_gives_the_same_bits(
     asked = iter(range(100))
     assert isinstance(staged._session, StagedEncoder)
     with ThreadPoolExecutor(1) as helpers:
-        got = staged._session.run_split(feeds, 2, helpers, lambda: next(asked) < layers_split)
+        got = staged._session.run_split(
+            feeds, helpers, lambda: 2 if next(asked) < layers_split else 1
+        )
+    assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("pattern", [[1, 2, 2, 2, 2, 2], [1, 1, 1, 1, 1, 3], [3, 1, 2, 1, 3, 2]])
+def test_a_run_that_splits_from_a_later_layer_gives_the_same_bits(
+    whole: OnnxEmbedder, staged: OnnxEmbedder, pattern: list[int]
+) -> None:
+    """A run that started beside another splits once alone, and may join and split again."""
+    feeds = feeds_for(staged, [text(300, 10), text(120, 11)])
+    (expected,) = whole._session.run(["last_hidden_state"], feeds)
+    asked = iter(pattern)
+    assert isinstance(staged._session, StagedEncoder)
+    with ThreadPoolExecutor(2) as helpers:
+        got = staged._session.run_split(feeds, helpers, lambda: next(asked))
     assert np.array_equal(got, expected)
 
 
@@ -148,6 +164,14 @@ def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedde
             with staged._runs_lock:
                 staged._runs_in_progress -= 1
         assert counting.submitted == 0
+        with staged._runs_lock:
+            staged._tasks_outstanding += 1  # work waits for the other thread (a backlog)
+        try:
+            staged.submit([text(200, 13)]).result()
+        finally:
+            with staged._runs_lock:
+                staged._tasks_outstanding -= 1
+        assert counting.submitted == 0
     finally:
         staged._slice_pool = idle_pool
         counting.shutdown()
@@ -177,6 +201,41 @@ def test_a_run_starting_meanwhile_stops_the_split(
     finally:
         with staged._runs_lock:
             staged._runs_in_progress -= 1
+        staged._slice_pool = idle_pool
+        counting.shutdown()
+
+
+def test_a_run_that_started_beside_another_splits_once_alone(
+    staged: OnnxEmbedder, whole: OnnxEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    long = text(300, 12)
+    expected = whole.embed([long])
+    counting = CountingExecutor()
+    staged._slice_pool, idle_pool = counting, staged._slice_pool
+    real_slices_now = staged._slices_now
+    layers_asked = 0
+    other_running = True
+    with staged._runs_lock:
+        staged._runs_in_progress += 1  # another run holds the other thread
+
+    def other_run_ends_before_the_third_layer() -> int:
+        nonlocal layers_asked, other_running
+        layers_asked += 1
+        if layers_asked == 3:
+            with staged._runs_lock:
+                staged._runs_in_progress -= 1
+            other_running = False
+        return real_slices_now()
+
+    monkeypatch.setattr(staged, "_slices_now", other_run_ends_before_the_third_layer)
+    try:
+        assert np.array_equal(staged.submit([long]).result(), expected)
+        assert layers_asked == 6
+        assert counting.submitted == 4  # layers 3 to 6 split over the thread it left
+    finally:
+        if other_running:
+            with staged._runs_lock:
+                staged._runs_in_progress -= 1
         staged._slice_pool = idle_pool
         counting.shutdown()
 
@@ -221,9 +280,9 @@ def test_staging_is_checked_against_the_whole_model(monkeypatch: pytest.MonkeyPa
     """Stages that would give other bits are refused at load, not used."""
     real = StagedEncoder.run_split
 
-    def off_by_one_ulp(self, feeds, slices, helpers, keep_splitting):  # type: ignore[no-untyped-def]
-        out = real(self, feeds, slices, helpers, keep_splitting)
-        return np.nextafter(out, np.float32(np.inf)) if slices > 1 else out
+    def off_by_one_ulp(self, feeds, helpers, slices_now):  # type: ignore[no-untyped-def]
+        out = real(self, feeds, helpers, slices_now)
+        return np.nextafter(out, np.float32(np.inf)) if slices_now() > 1 else out
 
     monkeypatch.setattr(StagedEncoder, "run_split", off_by_one_ulp)
     session, why = staged_encoder(

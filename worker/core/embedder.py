@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -76,9 +76,10 @@ class OnnxEmbedder:
     session or one per stage, keeps one copy of the weights). A text's vector does not depend
     on which thread ran it.
 
-    A run that finds the other threads idle splits its tokens over them, layer by layer
-    (:mod:`worker.core.stages`), so a trace that arrives alone uses every core and a backlog
-    still runs one text per core.
+    A long run splits its tokens over the threads that have no other work, layer by layer
+    (:mod:`worker.core.stages`), so a trace that arrives alone uses every core, one left
+    alone by a shorter one uses them from then on, and a backlog still runs one text per
+    core.
     """
 
     model_id: str
@@ -106,7 +107,8 @@ class OnnxEmbedder:
         self._slice_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._runs_lock = threading.Lock()
-        self._runs_in_progress = 0
+        self._runs_in_progress = 0  # model runs under way, whoever called them
+        self._tasks_outstanding = 0  # work handed to the pool and not finished
         self._session = session
         # Splitting a run over the idle threads needs the stages and more than one thread.
         self._split_min_tokens = (
@@ -139,9 +141,8 @@ class OnnxEmbedder:
         if self.concurrency == 1 or len(texts) <= self.batch_size:
             return self._embed_serially(texts)
         result, batches = self._plan(texts)
-        pool = self._executor()
         # Longest first: the slowest runs start early, so the threads finish together.
-        runs = [(rows, pool.submit(self._embed_batch, *batch)) for rows, batch in batches[::-1]]
+        runs = [(rows, self._in_pool(self._embed_batch, *batch)) for rows, batch in batches[::-1]]
         for rows, run in runs:
             result[rows] = run.result()
         return result
@@ -152,7 +153,22 @@ class OnnxEmbedder:
         The stream worker embeds each record as soon as it arrives this way, so the records
         of a burst run side by side instead of one after another.
         """
-        return self._executor().submit(self._embed_serially, list(texts))
+        return self._in_pool(self._embed_serially, list(texts))
+
+    def _in_pool(self, work: Callable[..., FloatArray], *args: Any) -> Future[FloatArray]:
+        """``work(*args)`` on the pool, counted as outstanding until it ends: a thread with
+        work waiting for it is not idle, and long runs do not split over it."""
+        with self._runs_lock:
+            self._tasks_outstanding += 1
+
+        def counted() -> FloatArray:
+            try:
+                return work(*args)
+            finally:
+                with self._runs_lock:
+                    self._tasks_outstanding -= 1
+
+        return self._executor().submit(counted)
 
     def _embed_serially(self, texts: Sequence[str]) -> FloatArray:
         result, batches = self._plan(texts)
@@ -231,27 +247,29 @@ class OnnxEmbedder:
         return _mean_pool_normalise(self.run_model(feeds), attention_mask, lengths)
 
     def run_model(self, feeds: dict[str, IntArray]) -> FloatArray:
-        """The model's hidden states for one padded batch; split over the idle threads when
-        it is long enough and no other run holds them."""
+        """The model's hidden states for one padded batch. A long one is split, layer by
+        layer, over the threads no other run holds at that moment."""
         width = feeds["input_ids"].shape[1]
         with self._runs_lock:
             self._runs_in_progress += 1
-            idle_threads = self.concurrency - self._runs_in_progress
         try:
-            if self._split_min_tokens and width >= self._split_min_tokens and idle_threads:
+            if self._split_min_tokens and width >= self._split_min_tokens:
                 assert isinstance(self._session, StagedEncoder)
-                return self._session.run_split(
-                    feeds, idle_threads + 1, self._slice_executor(), self._alone
-                )
+                return self._session.run_split(feeds, self._slice_executor(), self._slices_now)
             (hidden,) = self._session.run([self._output_name], feeds)
             return hidden
         finally:
             with self._runs_lock:
                 self._runs_in_progress -= 1
 
-    def _alone(self) -> bool:
-        """A split run keeps its slices only while no other run has started."""
-        return self._runs_in_progress == 1
+    def _slices_now(self) -> int:
+        """Slices a long run may cut its next layer into: itself plus the idle threads.
+
+        A thread is busy while it runs the model or while work waits for it: on a backlog
+        every thread has its own text and runs stay whole.
+        """
+        busy = max(self._runs_in_progress, min(self._tasks_outstanding, self.concurrency))
+        return self.concurrency - busy + 1
 
     @classmethod
     def load(

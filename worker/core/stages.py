@@ -121,34 +121,36 @@ class StagedEncoder:
 
     def run(self, output_names: Sequence[str] | None, feeds: Feeds) -> list[FloatArray]:
         """The model's output for `feeds`, all tokens at once on the calling thread."""
-        return [self.run_split(feeds, 1, None, lambda: False)]
+        return [self.run_split(feeds, None, lambda: 1)]
 
     def run_split(
         self,
         feeds: Feeds,
-        slices: int,
         helpers: Executor | None,
-        keep_splitting: Callable[[], bool],
+        slices_now: Callable[[], int],
     ) -> FloatArray:
-        """The model's output for `feeds`, its tokens in `slices` slices run side by side.
+        """The model's output for `feeds`, its tokens in slices run side by side.
 
-        Slice 0 runs on the calling thread, the others on `helpers`. Before each layer
-        `keep_splitting()` is asked again; once it says no (another run wants the cores),
-        the slices are joined and the remaining layers run whole on the calling thread.
+        Before each layer `slices_now()` says how many slices the cores allow now (1: whole,
+        when another run holds them); the tokens are cut again when that changes, so a run
+        that started beside another splits once it is alone, and a split run joins its
+        slices when another starts. Slice 0 runs on the calling thread, the others on
+        `helpers`.
         """
         tokens = next(iter(feeds.values())).shape[_TOKEN_AXIS]
-        slices = max(1, min(slices, tokens // MIN_TOKENS_PER_SLICE)) if helpers else 1
+        most = max(1, tokens // MIN_TOKENS_PER_SLICE) if helpers else 1
         first = self._embeddings.session.run(list(self._embeddings.outputs), feeds)
-        hidden, keys, values = first[0], first[-2], first[-1]
+        hiddens, keys, values = [first[0]], first[-2], first[-1]
         masks = dict(zip(self._embeddings.outputs[1:-2], first[1:-2], strict=True))
-        bounds = [round(tokens * i / slices) for i in range(slices + 1)]
-        spans: list[tuple[int, int] | None] = list(itertools.pairwise(bounds))
-        if len(spans) == 1:
-            spans = [None]
-        hiddens = [hidden if span is None else hidden[:, span[0] : span[1]] for span in spans]
+        spans: list[tuple[int, int] | None] = [None]
         for stage, cut in zip(self._layers, self._cuts, strict=True):
-            if len(spans) > 1 and not keep_splitting():
-                hiddens, spans = [np.concatenate(hiddens, axis=_TOKEN_AXIS)], [None]
+            wanted = max(1, min(slices_now(), most))
+            if wanted != len(spans):
+                joined = hiddens[0] if len(hiddens) == 1 else np.concatenate(hiddens, _TOKEN_AXIS)
+                spans = _spans(tokens, wanted)
+                hiddens = [
+                    joined if span is None else joined[:, span[0] : span[1]] for span in spans
+                ]
             run = functools.partial(self._run_stage, stage, keys, values, masks[cut.mask], feeds)
             pending = []
             if helpers is not None:
@@ -177,6 +179,13 @@ class StagedEncoder:
         for name in stage.inputs[4:]:  # read for their shape only
             stage_feeds[name] = feeds[name] if span is None else feeds[name][:, span[0] : span[1]]
         return stage.session.run(list(stage.outputs), stage_feeds)
+
+
+def _spans(tokens: int, slices: int) -> list[tuple[int, int] | None]:
+    """Token ranges of `slices` near-equal slices; [None] for one (all tokens, no cut)."""
+    if slices == 1:
+        return [None]
+    return list(itertools.pairwise(round(tokens * i / slices) for i in range(slices + 1)))
 
 
 def _take(array: np.ndarray, axis: int, span: tuple[int, int]) -> np.ndarray:
@@ -238,7 +247,7 @@ def _difference(
     with ThreadPoolExecutor(2, thread_name_prefix="kp-stage-check") as helpers:
         for feeds, reference in zip(probes, expected, strict=True):
             for slices in (1, 2, 3):
-                got = staged.run_split(feeds, slices, helpers, lambda: True)
+                got = staged.run_split(feeds, helpers, lambda slices=slices: slices)
                 if got.shape != reference.shape or not np.array_equal(got, reference):
                     return f"the stages differ from the whole model ({slices} slices)"
     return None
