@@ -177,6 +177,33 @@ def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedde
         counting.shutdown()
 
 
+@pytest.mark.parametrize(
+    ("concurrency", "runs", "outstanding", "slices"),
+    [
+        (2, 1, 1, 2),  # alone: the other thread too
+        (2, 2, 2, 1),  # beside another run: whole
+        (2, 1, 2, 1),  # work waits for the other thread: whole
+        (4, 1, 1, 4),
+        (4, 2, 2, 2),  # two runs share the two idle threads
+        (4, 3, 3, 1),
+        (4, 1, 3, 2),  # two texts wait for threads: one idle thread left
+        (4, 1, 9, 1),
+    ],
+)
+def test_runs_share_the_idle_threads(
+    staged: OnnxEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
+    concurrency: int,
+    runs: int,
+    outstanding: int,
+    slices: int,
+) -> None:
+    monkeypatch.setattr(staged, "concurrency", concurrency)
+    monkeypatch.setattr(staged, "_runs_in_progress", runs)
+    monkeypatch.setattr(staged, "_tasks_outstanding", outstanding)
+    assert staged._slices_now() == slices
+
+
 def test_a_run_starting_meanwhile_stops_the_split(
     staged: OnnxEmbedder, whole: OnnxEmbedder
 ) -> None:

@@ -263,13 +263,15 @@ class OnnxEmbedder:
                 self._runs_in_progress -= 1
 
     def _slices_now(self) -> int:
-        """Slices a long run may cut its next layer into: itself plus the idle threads.
+        """Slices a long run may cut its next layer into: itself plus its share of the idle
+        threads (the runs under way share them, so no more slices run than threads).
 
         A thread is busy while it runs the model or while work waits for it: on a backlog
         every thread has its own text and runs stay whole.
         """
-        busy = max(self._runs_in_progress, min(self._tasks_outstanding, self.concurrency))
-        return self.concurrency - busy + 1
+        runs = max(self._runs_in_progress, 1)
+        busy = max(runs, min(self._tasks_outstanding, self.concurrency))
+        return 1 + (self.concurrency - busy) // runs
 
     @classmethod
     def load(
