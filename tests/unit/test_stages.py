@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +148,18 @@ class CountingExecutor(ThreadPoolExecutor):
         return super().submit(*args, **kwargs)
 
 
+@contextmanager
+def one_more(embedder: OnnxEmbedder, counter: str) -> Iterator[None]:
+    """The embedder's ``counter`` one higher meanwhile, as if another run or task held it."""
+    with embedder._runs_lock:
+        setattr(embedder, counter, getattr(embedder, counter) + 1)
+    try:
+        yield
+    finally:
+        with embedder._runs_lock:
+            setattr(embedder, counter, getattr(embedder, counter) - 1)
+
+
 def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedder) -> None:
     counting = CountingExecutor()
     staged._slice_pool, idle_pool = counting, staged._slice_pool
@@ -156,22 +169,11 @@ def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedde
         counting.submitted = 0
         staged.submit([text(20, 7)]).result()  # under split_min_tokens
         assert counting.submitted == 0
-        with staged._runs_lock:
-            staged._runs_in_progress += 1  # another run holds the other thread
-        try:
-            staged.submit([text(200, 8)]).result()
-        finally:
-            with staged._runs_lock:
-                staged._runs_in_progress -= 1
-        assert counting.submitted == 0
-        with staged._runs_lock:
-            staged._tasks_outstanding += 1  # work waits for the other thread (a backlog)
-        try:
-            staged.submit([text(200, 13)]).result()
-        finally:
-            with staged._runs_lock:
-                staged._tasks_outstanding -= 1
-        assert counting.submitted == 0
+        for busy_with in ("_runs_in_progress", "_tasks_outstanding"):
+            # another run holds the other thread, or work waits for it (a backlog)
+            with one_more(staged, busy_with):
+                staged.submit([text(200, 8)]).result()
+            assert counting.submitted == 0, busy_with
     finally:
         staged._slice_pool = idle_pool
         counting.shutdown()
