@@ -594,6 +594,12 @@ def test_an_escaped_backslash_before_u_is_not_an_escape() -> None:
     assert _escapes_written_out(raw) == '{"k":"\\\\u00e9 é \\\\é"}'.encode()
 
 
+def test_surrogate_escapes_are_written_out_in_pairs_and_a_lone_one_left_alone() -> None:
+    assert _escapes_written_out(b'{"k":"\\ud83d\\ude00 \\u00e9"}') == '{"k":"😀 é"}'.encode()
+    lone = b'{"k":"\\ud83d \\u00e9"}'  # JSON allows it; UTF-8 cannot write it
+    assert _escapes_written_out(lone) == lone
+
+
 def test_json_dumps_defaults_with_non_ascii_are_parsed_again_only_around_the_repeat(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
