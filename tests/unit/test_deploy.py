@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from pydantic import AliasChoices
 
 from worker.core.scorer import build_scorer
@@ -627,3 +628,17 @@ def test_k8s_autoscaler_is_capped_at_the_partition_count() -> None:
     for query in autoscaler_queries():
         assert f'topic="{env["KP_INPUT_TOPIC"]}"' in query
         assert promql_metric_names(query)
+
+
+def test_the_readme_names_every_metric_the_worker_exports() -> None:
+    import worker.stream.metrics  # noqa: F401  (defining them registers them)
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    exported = set()
+    for family in REGISTRY.collect():
+        if family.name.startswith("kp_"):
+            exported.add(family.name + {"counter": "_total", "info": "_info"}.get(family.type, ""))
+    assert "kp_records_total" in exported and "kp_trace_latency_seconds" in exported
+    missing = sorted(name for name in exported if not re.search(rf"`{name}[`{{]", section))
+    assert not missing, f"metrics the README's Metrics section does not name: {missing}"
