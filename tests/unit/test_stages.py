@@ -163,9 +163,11 @@ def one_more(embedder: OnnxEmbedder, counter: str) -> Iterator[None]:
 def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedder) -> None:
     counting = CountingExecutor()
     staged._slice_pool, idle_pool = counting, staged._slice_pool
+    runs_split = staged.runs_split
     try:
         staged.submit([text(200, 6)]).result()
         assert counting.submitted == 6  # one slice per layer on the other thread
+        assert staged.runs_split == runs_split + 1
         counting.submitted = 0
         staged.submit([text(20, 7)]).result()  # under split_min_tokens
         assert counting.submitted == 0
@@ -174,6 +176,7 @@ def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedde
             with one_more(staged, busy_with):
                 staged.submit([text(200, 8)]).result()
             assert counting.submitted == 0, busy_with
+        assert staged.runs_split == runs_split + 1
     finally:
         staged._slice_pool = idle_pool
         counting.shutdown()

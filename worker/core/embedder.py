@@ -27,7 +27,7 @@ from tokenizers import Encoding, Tokenizer
 
 from worker.core.digest import file_sha256
 from worker.core.errors import one_line
-from worker.core.stages import StagedEncoder, staged_encoder
+from worker.core.stages import StagedEncoder, most_slices, staged_encoder
 from worker.core.streamline import streamline
 from worker.memory import release_freed_memory
 
@@ -109,6 +109,7 @@ class OnnxEmbedder:
         self._runs_lock = threading.Lock()
         self._runs_in_progress = 0  # model runs under way, whoever called them
         self._tasks_outstanding = 0  # work handed to the pool and not finished
+        self.runs_split = 0  # model runs that ran at least one layer in slices
         self._session = session
         # Splitting a run over the idle threads needs the stages and more than one thread.
         self._split_min_tokens = (
@@ -252,15 +253,24 @@ class OnnxEmbedder:
         width = feeds["input_ids"].shape[1]
         with self._runs_lock:
             self._runs_in_progress += 1
+        split = False
+
+        def slices_now() -> int:
+            nonlocal split
+            slices = min(self._slices_now(), most_slices(width))
+            split = split or slices > 1
+            return slices
+
         try:
             if self._split_min_tokens and width >= self._split_min_tokens:
                 assert isinstance(self._session, StagedEncoder)
-                return self._session.run_split(feeds, self._slice_executor(), self._slices_now)
+                return self._session.run_split(feeds, self._slice_executor(), slices_now)
             (hidden,) = self._session.run([self._output_name], feeds)
             return hidden
         finally:
             with self._runs_lock:
                 self._runs_in_progress -= 1
+                self.runs_split += split
 
     def _slices_now(self) -> int:
         """Slices a long run may cut its next layer into: itself plus its share of the idle

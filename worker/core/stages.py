@@ -138,7 +138,7 @@ class StagedEncoder:
         `helpers`.
         """
         tokens = next(iter(feeds.values())).shape[_TOKEN_AXIS]
-        most = max(1, tokens // MIN_TOKENS_PER_SLICE) if helpers else 1
+        most = most_slices(tokens) if helpers else 1
         first = self._embeddings.session.run(list(self._embeddings.outputs), feeds)
         hiddens, keys, values = [first[0]], first[-2], first[-1]
         masks = dict(zip(self._embeddings.outputs[1:-2], first[1:-2], strict=True))
@@ -179,6 +179,11 @@ class StagedEncoder:
         for name in stage.inputs[4:]:  # read for their shape only
             stage_feeds[name] = feeds[name] if span is None else feeds[name][:, span[0] : span[1]]
         return stage.session.run(list(stage.outputs), stage_feeds)
+
+
+def most_slices(tokens: int) -> int:
+    """How many slices a text of `tokens` tokens may be cut into (MIN_TOKENS_PER_SLICE each)."""
+    return max(1, tokens // MIN_TOKENS_PER_SLICE)
 
 
 def _spans(tokens: int, slices: int) -> list[tuple[int, int] | None]:

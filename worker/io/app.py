@@ -13,6 +13,7 @@ import functools
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -203,7 +204,9 @@ class ScorerApp(faust.App):
             on_failure=self._scoring_failed,
             observer=observer,
         )
-        observer.embedder_loaded(scorer.model_id, scorer.embedder_reason)
+        observer.embedder_loaded(
+            scorer.model_id, scorer.embedder_reason, _split_runs_counter(scorer)
+        )
         log.info(
             "scorer ready",
             extra={
@@ -265,6 +268,14 @@ def _model_runs_split(scorer: Scorer) -> str:
     """Whether a lone text's run is split over idle model threads, or why not."""
     note = getattr(scorer.embedder, "split_note", "no embedder")
     return "when the other model threads are idle" if note is None else str(note)
+
+
+def _split_runs_counter(scorer: Scorer) -> Callable[[], int] | None:
+    """What reads the embedder's count of split model runs, if it keeps one."""
+    embedder = scorer.embedder
+    if not hasattr(embedder, "runs_split"):
+        return None
+    return lambda: int(embedder.runs_split)
 
 
 async def _tick(observer: MetricsObserver) -> None:
