@@ -27,7 +27,8 @@ Per phase, from deltas of the worker's own /metrics:
   broker ack of the output: includes the producer, the broker and the consumer's fetch);
 - quantiles are interpolated inside buckets as Prometheus' histogram_quantile does;
 - mean pipeline depth (kp_batch_size: records in the pipeline when one enters, itself
-  included), embeddings reused (identical text seen before: no model run), mean embed and
+  included), embeddings reused (identical text seen before: no model run), model runs split
+  (at least one layer over idle model threads: kp_model_runs_split_total), mean embed and
   publish stage times, and the worker's CPU.
 As a cross-check, "send->stamp" is measured by this process: send time -> output record
 timestamp (set by the worker's producer; 1 ms resolution; the output's ack not included).
@@ -84,6 +85,7 @@ class Phase:
     send_to_stamp: list[float]
     depth: float
     reused: float
+    split: float
     embed_ms: float
     publish_ms: float
     worker_cores: float
@@ -204,6 +206,7 @@ async def run_phase(
         send_to_stamp=[o.timestamp - s.sent_at for o, s in zip(outputs, sent, strict=True)],
         depth=c.value(diff, "kp_batch_size_sum") / entered if entered else 0.0,
         reused=c.value(diff, "kp_embeddings_reused_total"),
+        split=c.value(diff, "kp_model_runs_split_total"),
         embed_ms=mean_ms("embed"),
         publish_ms=mean_ms("publish"),
         worker_cores=cores,
@@ -267,7 +270,8 @@ def print_phase(phase: Phase) -> None:
     print(
         f"[{phase.config}] load {phase.load:.0%}: {phase.sent} traces at {phase.rate:.2f}/s "
         f"(achieved {phase.achieved_rate:.2f}/s), mean pipeline depth {phase.depth:.2f}, "
-        f"reused {phase.reused:.0f}, embed {phase.embed_ms:.0f} ms/trace (waiting included), "
+        f"reused {phase.reused:.0f}, model runs split {phase.split:.0f}, "
+        f"embed {phase.embed_ms:.0f} ms/trace (waiting included), "
         f"publish {phase.publish_ms:.0f} ms/trace, worker {phase.worker_cores:.2f} cores, "
         f"load average {phase.load_average}\n"
         f"    worker      p50/p95/p99 ms {quantiles_ms(h)}   over 100 ms "
