@@ -11,7 +11,8 @@ process:
 1. ``work``: each corpus text's model time alone on one thread (an embedder of one thread,
    which never splits a run), the median of ``--repeats``;
 2. ``max rate``: the embedder as shipped on a backlog of the same texts (the worker, with
-   its Kafka clients beside it, reaches less); the loads are fractions of it;
+   its Kafka clients beside it, reaches less); the loads are fractions of the first
+   engine's, so that every engine gets the same arrivals (as in the latency bench);
 3. at each load, ``--arrivals`` Poisson arrivals (fixed seed) of texts drawn from the corpus,
    each with the 100 ms budget,
    - on an ideal core twice as fast as one of these: every run split over both cores with
@@ -255,6 +256,7 @@ def main() -> None:
     print(f"load average {c.load_average()}")
     texts = [record.text for record in c.corpus(args.texts, "floor")]
     verdicts = []
+    reference = 0.0  # the first engine's max rate: every engine gets the same arrivals
     for name in args.engines.split(","):
         engine, shipped = measure_engine(name, texts, args.repeats)
         work = engine.work
@@ -275,15 +277,19 @@ def main() -> None:
             f"side each {engine.side_by_side:.2f}x slower than alone"
         )
         print(f"    {'(ms)':38s} {'p50':>7s} {'p95':>7s} {'p99':>7s} {'>100ms':>8s}")
+        reference = reference or engine.max_rate
         for load in loads:
-            rate = load * engine.max_rate
+            rate = load * reference
             rng = np.random.default_rng(args.seed)
             gaps = rng.exponential(1 / rate, size=args.arrivals)
             arrivals = np.cumsum(gaps) - gaps[0]
             drawn = rng.integers(len(work), size=args.arrivals)
             needs, speeds = work[drawn], engine.alone_speed[drawn]
             least = fewest_late(arrivals, needs / SPEEDUP, BUDGET_SECONDS) / args.arrivals * 100
-            print(f"  load {load:.0%}: {rate:.1f} arrivals/s")
+            print(
+                f"  load {load:.0%} of the first engine's max rate: {rate:.1f} arrivals/s "
+                f"({rate / engine.max_rate:.0%} of this engine's)"
+            )
             print(row("ideal core: arrival order", in_arrival_order(arrivals, needs / SPEEDUP)))
             print(f"    {'ideal core: fewest late (any schedule)':38s} {'':23s} {least:7.2f}%")
             print(row("two cores, whole runs", on_first_free(arrivals, needs, 2)))
