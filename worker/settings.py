@@ -114,6 +114,7 @@ class Settings(BaseSettings):
     embed_threads: PositiveInt = 1  # intra-op threads of each run
     # A run of at least this many tokens splits its tokens over the model threads that are
     # idle, layer by layer (same vectors, ~40 % less time for a lone 256-token text); 0 = never.
+    # The stream worker's setting: `score` and `replay` work through backlogs, model whole.
     embed_split_min_tokens: int = Field(default=64, ge=0)
     # Texts per onnxruntime run. 1 measured fastest on CPU for mixed-length traces (no
     # padding) and keeps the arena small: bench/RESULTS.md. A GPU provider may want more.
