@@ -348,7 +348,7 @@ class _Built(Exception):
 def test_backlog_commands_load_the_model_whole(
     argv: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Their runs never find an idle thread to split over, so no stages are loaded."""
+    """Their runs (nearly) never find an idle thread to split over: no stages are loaded."""
     import worker.core.scorer
 
     monkeypatch.setenv("KP_EMBED_SPLIT_MIN_TOKENS", "32")

@@ -134,7 +134,7 @@ def _model_whole(settings: Settings) -> Settings:
 
     On a backlog every model thread has a text of its own, so a run finds no idle thread to
     split over; loading the model as stages would only add their start-up check, a model run
-    per layer and their memory (bench/RESULTS.md: ``kp-scorer score`` of 360 lines 1.14x as
+    per layer and their memory (bench/RESULTS.md: ``kp-scorer score`` of 360 lines ~1.13x as
     fast, ~90 MiB less at its peak).
     """
     return settings.model_copy(update={"embed_split_min_tokens": 0})
