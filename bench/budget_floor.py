@@ -187,14 +187,13 @@ def measure_engine(name: str, texts: Sequence[str], repeats: int) -> tuple[Engin
     one_thread.embed(list(texts[:4]))
     work, alone = np.empty(len(texts)), np.empty(len(texts))
     for index, text in enumerate(texts):
-        times: dict[object, list[float]] = {one_thread: [], shipped: []}
+        times: tuple[list[float], list[float]] = ([], [])
         for _ in range(repeats):  # alternating, so both see the machine at the same speed
-            for embedder, taken in times.items():
+            for embedder, taken in zip((one_thread, shipped), times, strict=True):
                 started = time.perf_counter()
-                embedder.submit([text]).result()  # type: ignore[attr-defined]
+                embedder.submit([text]).result()
                 taken.append(time.perf_counter() - started)
-        work[index] = float(np.median(times[one_thread]))
-        alone[index] = float(np.median(times[shipped]))
+        work[index], alone[index] = (float(np.median(taken)) for taken in times)
     one_thread.close()
     split_before = shipped.runs_split
     started = time.perf_counter()
