@@ -315,6 +315,10 @@ def cases(limit: int) -> list[Case]:
             "bad: dup root key, json.dumps, non-ASCII",
             root_duplicate(limit, first=True, spaced=True, make=accented_step),
         ),
+        Case(
+            "bad: dup root key, json.dumps, escapes",
+            root_duplicate(limit, first=False, spaced=True, make=escaped_step),
+        ),
         Case("bad: cut one byte short", most[:-1]),
         Case("bad: one byte over the limit", padded(base(steps=one), limit + 1)),
     ]

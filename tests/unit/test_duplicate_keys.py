@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -25,12 +26,12 @@ from hypothesis import strategies as st
 from worker.core import trace as trace_module
 from worker.core.errors import DuplicateKeyError
 from worker.core.trace import (
-    _blanks_between_tokens_dropped,
     _common_prefix,
     _common_suffix,
-    _escapes_written_out,
+    _escaped_bytes,
     _locate,
     _reject_duplicate_keys,
+    _respelled,
     _Rewrites,
     decode_json,
 )
@@ -536,6 +537,12 @@ def test_common_prefix_and_suffix_are_the_longest(
         assert suffix == min(map(len, rest)) or rest[0][-suffix - 1] != rest[1][-suffix - 1]
 
 
+def python_respelled(document: Any) -> bytes:
+    """json.dumps' default text of ``document`` as _respelled spells it: compact, in UTF-8 but
+    for the \\u escapes of ASCII characters (controls, DEL)."""
+    return write(document, "utf8", []).encode().replace(b"\x7f", b"\\u007f")
+
+
 @settings(max_examples=300, deadline=None)
 @given(document=trees(), spaces=st.lists(st.integers(1, 60), max_size=3))
 def test_dropping_blanks_between_tokens_gives_the_compact_text(
@@ -544,9 +551,8 @@ def test_dropping_blanks_between_tokens_gives_the_compact_text(
     """Keys and strings keep their spaces, quotes and backslashes; only blanks between go."""
     compact = write(document, "compact", []).encode()
     for style in ("lines", "spaced"):
-        assert _blanks_between_tokens_dropped(write(document, style, spaces).encode()) == compact
-    python = write(document, "python", []).encode()
-    assert _blanks_between_tokens_dropped(write(document, "dumps", []).encode()) == python
+        assert _respelled(write(document, style, spaces).encode()) == compact
+    assert _respelled(write(document, "dumps", []).encode()) == python_respelled(document)
 
 
 @pytest.mark.parametrize("blank", [" ", "\n    "])
@@ -574,30 +580,50 @@ def strings_in(node: Any) -> Iterator[str]:
         yield from strings_in(child)
 
 
-UNWRITABLE = set(map(chr, range(32))) - set("\b\f\n\r\t")  # json.dumps writes them \u00XX
-
-
 @settings(max_examples=300, deadline=None)
 @given(document=trees())
 def test_escapes_are_written_out_as_text_with_them_unescaped(document: Any) -> None:
-    """json.dumps' default text reads as its ensure_ascii=False text, but where a string holds a
-    control character only a \\u escape writes: written out, it would break the string."""
-    python = write(document, "python", []).encode()
-    if any(UNWRITABLE & set(text) for text in strings_in(document)):
-        assert _escapes_written_out(python) == python
-    else:
-        assert _escapes_written_out(python) == write(document, "utf8", []).encode()
+    """json.dumps' default text reads as its ensure_ascii=False text, but for escapes of ASCII
+    characters (controls, DEL), which stay escapes: written out, a control would break its
+    string, and orjson writes controls escaped too."""
+    assert _respelled(write(document, "python", []).encode()) == python_respelled(document)
+
+
+def test_escapes_of_ascii_characters_stay_among_those_written_out() -> None:
+    raw = b'{"k":"\\u0022 \\u00e9 \\\\u0041 \\u005c\\u00e9 \\u0001"}'
+    assert _respelled(raw) == '{"k":"\\u0022 é \\\\u0041 \\u005cé \\u0001"}'.encode()
+    check(raw.replace(b'"}', b'","k":1}'))
+
+
+def escaped_read_in_order(text: bytes) -> list[int]:
+    """Bytes other than backslashes that a backslash escapes, read as JSON reads them."""
+    found, at = [], 0
+    while at < len(text) - 1:
+        if text[at] == ord("\\"):
+            if text[at + 1] != ord("\\"):
+                found.append(at + 1)
+            at += 2
+        else:
+            at += 1
+    return found
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.lists(st.sampled_from([b"\\", b"\\" * 7, b"u", b'"', b" ", b"a"])).map(b"".join))
+def test_escaped_bytes_are_found_from_the_runs_of_backslashes(text: bytes) -> None:
+    escaped = _escaped_bytes(np.frombuffer(text, dtype=np.uint8))
+    assert np.flatnonzero(escaped).tolist() == escaped_read_in_order(text)
 
 
 def test_an_escaped_backslash_before_u_is_not_an_escape() -> None:
     raw = b'{"k":"\\\\u00e9 \\u00e9 \\\\\\u00e9"}'  # \\u00e9, \u00e9, \\\u00e9
-    assert _escapes_written_out(raw) == '{"k":"\\\\u00e9 é \\\\é"}'.encode()
+    assert _respelled(raw) == '{"k":"\\\\u00e9 é \\\\é"}'.encode()
 
 
 def test_surrogate_escapes_are_written_out_in_pairs_and_a_lone_one_left_alone() -> None:
-    assert _escapes_written_out(b'{"k":"\\ud83d\\ude00 \\u00e9"}') == '{"k":"😀 é"}'.encode()
+    assert _respelled(b'{"k":"\\ud83d\\ude00 \\u00e9"}') == '{"k":"😀 é"}'.encode()
     lone = b'{"k":"\\ud83d \\u00e9"}'  # JSON allows it; UTF-8 cannot write it
-    assert _escapes_written_out(lone) == lone
+    assert _respelled(lone) == lone
 
 
 def test_json_dumps_defaults_with_non_ascii_are_parsed_again_only_around_the_repeat(
@@ -625,5 +651,5 @@ def test_json_dumps_defaults_with_non_ascii_are_parsed_again_only_around_the_rep
 )
 def test_utf8_mixed_with_escapes_names_the_key_a_full_pass_names(raw: bytes) -> None:
     """Text already in UTF-8 is not read as escapes written out (it is not ASCII)."""
-    assert _escapes_written_out(raw) == raw
+    assert b"\\u00e9" in _respelled(raw)
     check(raw)

@@ -769,6 +769,8 @@ def content_raw(escaped_content: bytes, extra: bytes = b"") -> bytes:
         (b"\\u003A:", "::"),
         (b"\\\\u003a", "\\u003a"),  # an escaped backslash, then the text u003a
         (b"\\\\\\u003a", "\\:"),
+        (b"\\\\" * 50 + b"\\u003a", "\\" * 50 + ":"),  # a long run of escaped backslashes
+        (b"\\\\" * 51 + b"u003a", "\\" * 51 + "u003a"),
         (b'\\":', '":'),
     ],
 )

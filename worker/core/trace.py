@@ -20,6 +20,7 @@ from itertools import islice
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 
 from worker.core.errors import (
@@ -52,8 +53,6 @@ DEFAULT_MAX_CONTAINERS = 131_072
 MAX_DEPTH = 128  # nesting levels of arrays/objects, the document itself being level 1
 _COLON_ESCAPE = re.compile(rb"\\u003[aA]")
 _BLANKS = b" \t\n\r"  # JSON's whitespace; outside strings it means nothing
-# \u escapes of characters orjson writes escaped too (controls, the quote, the backslash).
-_ESCAPES_KEPT = re.compile(rb"\\u00(?:[01][0-9a-fA-F]|22|5[cC])")
 _VECTOR_COUNT_FROM = 32_768  # bytes from which numpy counts a byte faster than bytes.count
 
 
@@ -195,16 +194,21 @@ def _dropped_a_key(raw: bytes, written: bytes) -> bool:
     Each key of the input has one colon after it, outside strings; colons inside strings are
     written back as they decode. So the input has more colons than orjson's write-back exactly
     when a key (with everything in its dropped value) was lost, once colons written as the
-    escape \\u003a (one colon when decoded, none in the input) are added back. Backslash pairs
-    are removed first so that an escaped backslash followed by "u003a" is not counted.
+    escape \\u003a (one colon when decoded, none in the input) are added back. Only backslashes
+    that escape (``_escaped_bytes``) count, not an escaped backslash followed by "u003a".
     """
     colons, written_colons = _occurrences(raw, b":"), _occurrences(written, b":")
     if colons > written_colons:  # escaped colons only add to the input's count
         return True
     escaped = 0
     if b"\\" in raw and _COLON_ESCAPE.search(raw):  # memchr first; re beats bytes.find here
-        unpaired = raw.replace(b"\\\\", b"")
-        escaped = unpaired.count(b"\\u003a") + unpaired.count(b"\\u003A")
+        codes = np.frombuffer(raw, dtype=np.uint8)
+        letters = np.flatnonzero(_escaped_bytes(codes) & (codes == ord("u")))  # \u escapes
+        letters = letters[letters + 4 < len(codes)]
+        colon = (codes.take(letters + 4) | 0x20) == ord("a")  # a or A
+        for place, code in enumerate(b"003", start=1):
+            colon &= codes.take(letters + place) == code
+        escaped = int(np.count_nonzero(colon))
     return colons + escaped > written_colons
 
 
@@ -268,50 +272,118 @@ def _common_suffix(first: bytes, second: bytes, start: int, other: int) -> int:
     )
 
 
-def _escapes_written_out(body: bytes) -> bytes:
-    """ASCII JSON text with ``\\u`` escapes (Python's json.dumps by default) as orjson writes it:
-    the escaped characters themselves, in UTF-8; other text as it is.
+def _hex_values() -> npt.NDArray[np.int32]:
+    """Each byte's value as a hex digit, -1 for a byte that is none."""
+    values = np.full(256, -1, dtype=np.int32)
+    for digits, first in ((b"0123456789", 0), (b"abcdef", 10), (b"ABCDEF", 10)):
+        values[np.frombuffer(digits, dtype=np.uint8)] = np.arange(first, first + len(digits))
+    return values
 
-    ``raw_unicode_escape`` decodes a ``\\u`` escape only after an odd run of backslashes, as
-    JSON reads it, and leaves every other byte of ASCII text alone. Text escaping a control
-    character, the quote or the backslash that way is left as it is (written out, they would
-    end or break its strings), as is any text the codec cannot read.
+
+_HEX_VALUES = _hex_values()
+# UTF-8 of the code points each \u escape writes: lead byte marks, bits kept per byte (from the
+# last), and the escape's bytes (6, or 12 for a surrogate pair) the UTF-8 bytes replace.
+_UTF8_FORMS = (
+    (2, 0xC0, 6),
+    (3, 0xE0, 6),
+    (4, 0xF0, 12),
+)
+
+
+def _escaped_bytes(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
+    """Which bytes of ``codes`` a backslash escapes, backslashes aside: ``"`` in ``\\"``, ``u``
+    in ``\\u00e9``. In a run of backslashes each escapes the next, so a run of odd length
+    escapes the byte after it. Found from the runs' ends, in a few passes over the bytes
+    whatever the runs' lengths."""
+    slashes = codes == ord("\\")
+    escaped = np.zeros(len(codes), dtype=np.bool_)
+    if not slashes.any():
+        return escaped
+    if not (slashes[1:] & slashes[:-1]).any():  # every run one backslash long
+        escaped[1:] = slashes[:-1]
+        return escaped
+    begins, ends = slashes.copy(), slashes.copy()
+    begins[1:] &= ~slashes[:-1]
+    ends[:-1] &= ~slashes[1:]
+    firsts, lasts = np.flatnonzero(begins), np.flatnonzero(ends)
+    after = lasts[((lasts - firsts) & 1) == 0] + 1
+    escaped[after[after < len(codes)]] = True
+    return escaped
+
+
+def _unicode_escapes_written(
+    codes: npt.NDArray[np.uint8], escapes: npt.NDArray[np.intp]
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]] | None:
+    """``codes`` with each ``\\u`` escape (at ``escapes``) of a character beyond ASCII replaced
+    by its UTF-8, as orjson writes it: the new bytes, and the bytes left to drop. None when
+    there is no such escape, or a surrogate is not half of a pair (UTF-8 cannot write it).
+
+    Escapes of ASCII characters stay: written out, a control character, the quote or the
+    backslash would end or break its string, and orjson writes the first two escaped itself.
     """
-    if not body.isascii() or b"\\u" not in body or _ESCAPES_KEPT.search(body):
-        return body
-    try:
-        text = body.decode("raw_unicode_escape")
-        try:
-            return text.encode()
-        except UnicodeEncodeError:  # surrogates: pairs of escapes, one character each
-            return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le").encode()
-    except UnicodeError:
-        return body
+    escapes = escapes[escapes + 5 < len(codes)]
+    points = np.zeros(len(escapes), dtype=np.int32)
+    for place in range(2, 6):  # one gather per digit: a 2-D index costs several times more
+        points = (points << 4) | _HEX_VALUES.take(codes.take(escapes + place))
+    if not len(escapes) or (points < 0).any():
+        return None
+    high = (points >= 0xD800) & (points < 0xDC00)
+    low = (points >= 0xDC00) & (points < 0xE000)
+    pairs = np.zeros(len(points), dtype=np.bool_)  # a high half with its low half right after
+    pairs[:-1] = high[:-1] & low[1:] & (escapes[1:] == escapes[:-1] + 6)
+    paired = np.zeros(len(points), dtype=np.bool_)
+    paired[1:] = pairs[:-1]
+    if (high != pairs).any() or (low != paired).any():
+        return None
+    characters = points.copy()
+    after = np.flatnonzero(pairs) + 1
+    characters[pairs] = 0x10000 + ((points[pairs] - 0xD800) << 10) + (points[after] - 0xDC00)
+    two = (points >= 0x80) & (points < 0x800)
+    forms = (two, (points >= 0x800) & ~high & ~low & ~paired, pairs)
+    if not any(form.any() for form in forms):
+        return None
+    written, dropped = codes.copy(), np.zeros(len(codes), dtype=np.bool_)
+    for (size, lead, span), form in zip(_UTF8_FORMS, forms, strict=True):
+        starts, values = escapes[form], characters[form]
+        for place in range(size):
+            bits = (values >> (6 * (size - 1 - place))) & (0x3F if place else 0x7F >> size)
+            written[starts + place] = (lead if place == 0 else 0x80) | bits
+        for place in range(size, span):
+            dropped[starts + place] = True
+    return written, dropped
 
 
-def _blanks_between_tokens_dropped(body: bytes) -> bytes:
-    """``body`` (valid JSON) without the blanks outside its strings: the same tokens, in order.
+def _respelled(body: bytes) -> bytes:
+    """``body`` (valid JSON) as orjson spells what it holds: the same tokens, the same strings.
 
-    Strings are found by their quotes: in valid JSON a quote outside a string opens one, and
-    inside one it closes it unless an odd run of backslashes escapes it. Every byte up to the
-    space is a blank there (control characters are escaped inside strings), so the bytes kept
-    are those above it and those inside strings, spaces in keys included: an exact pass over
-    the result sees the keys and objects a pass over ``body`` sees. Vectorised: a few
-    milliseconds for a megabyte.
+    - Blanks between tokens are dropped. Strings lie between a quote that opens one and the
+      next that closes it (a quote a backslash escapes, ``_escaped_bytes``, is inside one);
+      every byte up to the space is a blank there (control characters are escaped inside
+      strings).
+    - In ASCII text (Python's json.dumps by default), ``\\u`` escapes of characters beyond
+      ASCII are written out in UTF-8 (``_unicode_escapes_written``).
+
+    So an exact pass over the result sees the keys and objects a pass over ``body`` sees.
+    Vectorised, every part in one pass: a few milliseconds for a megabyte.
     """
     codes = np.frombuffer(body, dtype=np.uint8)
-    quotes = np.flatnonzero(codes == ord('"'))
-    if b"\\" in body and len(quotes):
-        slashes = codes == ord("\\")
-        offsets = np.arange(len(codes))
-        last_other = np.maximum.accumulate(np.where(slashes, -1, offsets))
-        before = np.maximum(quotes - 1, 0)
-        run = np.where(quotes > 0, before - last_other[before], 0)
-        quotes = quotes[run % 2 == 0]
-    toggles = np.zeros(len(codes), dtype=np.uint8)
-    toggles[quotes] = 1
-    inside = np.bitwise_xor.accumulate(toggles)  # 1 from an opening quote to before its close
-    return codes[(codes > ord(" ")) | (inside == 1)].tobytes()
+    escaped = _escaped_bytes(codes)
+    spelled, keep = codes, None
+    if body.isascii():
+        unicode = np.flatnonzero(escaped & (codes == ord("u"))) - 1
+        written = _unicode_escapes_written(codes, unicode)
+        if written is not None:
+            spelled, dropped = written
+            keep = ~dropped
+    blanks = codes <= ord(" ")
+    if blanks.any():
+        quotes = np.flatnonzero((codes == ord('"')) & ~escaped)
+        # Stretches between quotes, each quote ending one: outside a string, inside, ...
+        lengths = np.diff(np.concatenate(([0], quotes + 1, [len(codes)])))
+        inside = np.repeat((np.arange(len(lengths)) % 2).astype(np.bool_), lengths)
+        kept = ~blanks | inside
+        keep = kept if keep is None else keep & kept
+    return body if keep is None else spelled[keep].tobytes()
 
 
 _FEW_PAIRS = 32  # an object with no more pairs than this has each written on its own
@@ -679,11 +751,10 @@ def _raise_first_duplicate(raw: bytes, document: dict[str, Any], written: bytes)
     the same one, with the same key, as in a pass over all of ``raw``.
 
     Where ``raw`` first differs by a blank (Python's json.dumps puts a space after each
-    separator, an indented text a newline), the text compared and parsed is ``raw`` with the
-    blanks between its tokens dropped (``_blanks_between_tokens_dropped``): the same tokens,
-    strings and keys untouched, so the same objects with the same keys. ASCII text that writes
-    characters as ``\\u`` escapes (json.dumps' default) is compared with them written out
-    (``_escapes_written_out``): the same strings, so the same keys.
+    separator, an indented text a newline), or is ASCII text that writes characters as ``\\u``
+    escapes (json.dumps' default), the text compared and parsed is ``raw`` spelled as orjson
+    spells it (``_respelled``): blanks between tokens dropped, escapes of characters beyond
+    ASCII written out. The same tokens and strings, so the same objects with the same keys.
 
     Compact JSON (orjson's, JavaScript's JSON.stringify's, Python's json.dumps'), or blanks
     anywhere, cost a parse of the members around each repeated key (the latter also a few
@@ -691,11 +762,10 @@ def _raise_first_duplicate(raw: bytes, document: dict[str, Any], written: bytes)
     mixed with escapes, numbers written another way) costs a parse from the first difference
     to the last, at worst all of it, as the exact pass always did.
     """
-    body = _escapes_written_out(raw.strip(_BLANKS))
-    text, rewrites = body, _Rewrites(left=int(_ALLOWANCE * len(written)))
-    same = _common_prefix(body, written)
-    if same < len(body) and body[same] in _BLANKS:
-        text = _blanks_between_tokens_dropped(body)
+    text, rewrites = raw.strip(_BLANKS), _Rewrites(left=int(_ALLOWANCE * len(written)))
+    same = _common_prefix(text, written)
+    if same < len(text) and (text[same] in _BLANKS or (b"\\u" in text and text.isascii())):
+        text = _respelled(text)
         same = _common_prefix(text, written)
     with _gc_paused():
         try:
