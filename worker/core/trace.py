@@ -299,14 +299,18 @@ def _escaped_bytes(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
     escaped = np.zeros(len(codes), dtype=np.bool_)
     if not slashes.any():
         return escaped
-    if not (slashes[1:] & slashes[:-1]).any():  # every run one backslash long
-        escaped[1:] = slashes[:-1]
+    # For booleans a > b is a and not b: each mask is written into ``escaped`` in turn.
+    if not np.logical_and(slashes[1:], slashes[:-1], out=escaped[1:]).any():
+        escaped[1:] = slashes[:-1]  # every run one backslash long
         return escaped
-    begins, ends = slashes.copy(), slashes.copy()
-    begins[1:] &= ~slashes[:-1]
-    ends[:-1] &= ~slashes[1:]
-    firsts, lasts = np.flatnonzero(begins), np.flatnonzero(ends)
+    firsts = np.flatnonzero(np.greater(slashes[1:], slashes[:-1], out=escaped[1:])) + 1
+    if slashes[0]:
+        firsts = np.concatenate(([0], firsts))
+    lasts = np.flatnonzero(np.greater(slashes[:-1], slashes[1:], out=escaped[:-1]))
+    if slashes[-1]:
+        lasts = np.concatenate((lasts, [len(codes) - 1]))
     after = lasts[((lasts - firsts) & 1) == 0] + 1
+    escaped[:] = False
     escaped[after[after < len(codes)]] = True
     return escaped
 
@@ -368,22 +372,26 @@ def _respelled(body: bytes) -> bytes:
     """
     codes = np.frombuffer(body, dtype=np.uint8)
     escaped = _escaped_bytes(codes)
-    spelled, keep = codes, None
+    # Masks are combined in place where they can be: each new array is pages to fault in.
+    mask = np.empty(len(codes), dtype=np.bool_)
+    spelled, drop = codes, None
     if body.isascii():
-        unicode = np.flatnonzero(escaped & (codes == ord("u"))) - 1
-        written = _unicode_escapes_written(codes, unicode)
+        np.logical_and(np.equal(codes, ord("u"), out=mask), escaped, out=mask)
+        written = _unicode_escapes_written(codes, np.flatnonzero(mask) - 1)
         if written is not None:
-            spelled, dropped = written
-            keep = ~dropped
-    blanks = codes <= ord(" ")
+            spelled, drop = written
+    blanks = np.less_equal(codes, ord(" "), out=mask)
     if blanks.any():
-        quotes = np.flatnonzero((codes == ord('"')) & ~escaped)
+        quotes = np.flatnonzero(np.greater(codes == ord('"'), escaped, out=escaped))
         # Stretches between quotes, each quote ending one: outside a string, inside, ...
-        lengths = np.diff(np.concatenate(([0], quotes + 1, [len(codes)])))
-        inside = np.repeat((np.arange(len(lengths)) % 2).astype(np.bool_), lengths)
-        kept = ~blanks | inside
-        keep = kept if keep is None else keep & kept
-    return body if keep is None else spelled[keep].tobytes()
+        lengths = np.diff(quotes, prepend=-1, append=len(codes) - 1)
+        parity = np.zeros(len(lengths), dtype=np.bool_)
+        parity[1::2] = True
+        outside = np.greater(blanks, np.repeat(parity, lengths), out=blanks)
+        drop = outside if drop is None else np.logical_or(drop, outside, out=drop)
+    if drop is None:
+        return body
+    return spelled[np.logical_not(drop, out=drop)].tobytes()
 
 
 _FEW_PAIRS = 32  # an object with no more pairs than this has each written on its own
