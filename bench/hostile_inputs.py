@@ -215,6 +215,11 @@ def accented_step(index: int) -> dict[str, Any]:
     return {"step_id": index, "type": "thought", "content": "café, naïve ✓"}
 
 
+def emoji_step(index: int) -> dict[str, Any]:
+    """Escaped by json.dumps as surrogate pairs, and DEL, which orjson writes as it is."""
+    return {"step_id": index, "type": "thought", "content": "😀\x7f" * 8}
+
+
 def spaced_duplicate(limit: int) -> bytes:
     """A trace written as Python's json.dumps writes it, with a duplicate key in its last step.
 
@@ -318,6 +323,10 @@ def cases(limit: int) -> list[Case]:
         Case(
             "bad: dup root key, json.dumps, escapes",
             root_duplicate(limit, first=False, spaced=True, make=escaped_step),
+        ),
+        Case(
+            "bad: dup root key, json.dumps, emoji",
+            root_duplicate(limit, first=False, spaced=True, make=emoji_step),
         ),
         Case("bad: cut one byte short", most[:-1]),
         Case("bad: one byte over the limit", padded(base(steps=one), limit + 1)),

@@ -539,8 +539,8 @@ def test_common_prefix_and_suffix_are_the_longest(
 
 def python_respelled(document: Any) -> bytes:
     """json.dumps' default text of ``document`` as _respelled spells it: compact, in UTF-8 but
-    for the \\u escapes of ASCII characters (controls, DEL)."""
-    return write(document, "utf8", []).encode().replace(b"\x7f", b"\\u007f")
+    for the escapes of control characters, the quote and the backslash."""
+    return write(document, "utf8", []).encode()
 
 
 @settings(max_examples=300, deadline=None)
@@ -583,15 +583,14 @@ def strings_in(node: Any) -> Iterator[str]:
 @settings(max_examples=300, deadline=None)
 @given(document=trees())
 def test_escapes_are_written_out_as_text_with_them_unescaped(document: Any) -> None:
-    """json.dumps' default text reads as its ensure_ascii=False text, but for escapes of ASCII
-    characters (controls, DEL), which stay escapes: written out, a control would break its
-    string, and orjson writes controls escaped too."""
+    """json.dumps' default text reads as its ensure_ascii=False text: escapes of control
+    characters stay escapes there too (written out, they would break their string)."""
     assert _respelled(write(document, "python", []).encode()) == python_respelled(document)
 
 
-def test_escapes_of_ascii_characters_stay_among_those_written_out() -> None:
-    raw = b'{"k":"\\u0022 \\u00e9 \\\\u0041 \\u005c\\u00e9 \\u0001"}'
-    assert _respelled(raw) == '{"k":"\\u0022 é \\\\u0041 \\u005cé \\u0001"}'.encode()
+def test_escapes_of_controls_the_quote_and_the_backslash_stay_among_those_written_out() -> None:
+    raw = b'{"k":"\\u0022 \\u00e9 \\\\u0041 \\u005c\\u00e9 \\u0001 \\u0041\\u007f"}'
+    assert _respelled(raw) == '{"k":"\\u0022 é \\\\u0041 \\u005cé \\u0001 A\x7f"}'.encode()
     check(raw.replace(b'"}', b'","k":1}'))
 
 
@@ -626,11 +625,18 @@ def test_surrogate_escapes_are_written_out_in_pairs_and_a_lone_one_left_alone() 
     assert _respelled(lone) == lone
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        "café ✓ 😀",
+        'é"\\\u2028\u0001✓ \x7f 🚀',  # with escapes that stay escapes: controls, quote, backslash
+    ],
+)
 def test_json_dumps_defaults_with_non_ascii_are_parsed_again_only_around_the_repeat(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, content: str
 ) -> None:
     """Escaped accents and emoji in every step, spaced, a root key given twice."""
-    steps = [{"step_id": i, "type": "thought", "content": "café ✓ 😀"} for i in range(8_000)]
+    steps = [{"step_id": i, "type": "thought", "content": content} for i in range(8_000)]
     text = json.dumps({"id": "t", "steps": steps, "id ": 1})
     raw = (text[:-1] + ', "id": "u"}').encode()
     assert raw.isascii() and b"\\ud83d" in raw

@@ -281,12 +281,14 @@ def _hex_values() -> npt.NDArray[np.int32]:
 
 
 _HEX_VALUES = _hex_values()
-# UTF-8 of the code points each \u escape writes: lead byte marks, bits kept per byte (from the
-# last), and the escape's bytes (6, or 12 for a surrogate pair) the UTF-8 bytes replace.
+# UTF-8 of the code points a \u escape writes, by length: the lead byte's marks and the bits it
+# keeps (each later byte: 0x80 and 6 bits), and the escape's bytes (6, or 12 for a surrogate
+# pair) that the UTF-8 bytes replace.
 _UTF8_FORMS = (
-    (2, 0xC0, 6),
-    (3, 0xE0, 6),
-    (4, 0xF0, 12),
+    (1, 0x00, 0x7F, 6),
+    (2, 0xC0, 0x1F, 6),
+    (3, 0xE0, 0x0F, 6),
+    (4, 0xF0, 0x07, 12),
 )
 
 
@@ -318,12 +320,12 @@ def _escaped_bytes(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
 def _unicode_escapes_written(
     codes: npt.NDArray[np.uint8], escapes: npt.NDArray[np.intp]
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]] | None:
-    """``codes`` with each ``\\u`` escape (at ``escapes``) of a character beyond ASCII replaced
-    by its UTF-8, as orjson writes it: the new bytes, and the bytes left to drop. None when
-    there is no such escape, or a surrogate is not half of a pair (UTF-8 cannot write it).
+    """``codes`` with each ``\\u`` escape (at ``escapes``) replaced by its character in UTF-8,
+    as orjson writes it: the new bytes, and the bytes left to drop. None when there is no such
+    escape, or a surrogate is not half of a pair (UTF-8 cannot write it).
 
-    Escapes of ASCII characters stay: written out, a control character, the quote or the
-    backslash would end or break its string, and orjson writes the first two escaped itself.
+    Escapes of control characters, the quote and the backslash stay: written out, they would
+    end or break their string, and orjson writes the first two escaped itself.
     """
     escapes = escapes[escapes + 5 < len(codes)]
     points = np.zeros(len(escapes), dtype=np.int32)
@@ -342,15 +344,16 @@ def _unicode_escapes_written(
     characters = points.copy()
     after = np.flatnonzero(pairs) + 1
     characters[pairs] = 0x10000 + ((points[pairs] - 0xD800) << 10) + (points[after] - 0xDC00)
+    one = (points >= 0x20) & (points < 0x80) & (points != ord('"')) & (points != ord("\\"))
     two = (points >= 0x80) & (points < 0x800)
-    forms = (two, (points >= 0x800) & ~high & ~low & ~paired, pairs)
+    forms = (one, two, (points >= 0x800) & ~high & ~low & ~paired, pairs)
     if not any(form.any() for form in forms):
         return None
     written, dropped = codes.copy(), np.zeros(len(codes), dtype=np.bool_)
-    for (size, lead, span), form in zip(_UTF8_FORMS, forms, strict=True):
+    for (size, lead, lead_bits, span), form in zip(_UTF8_FORMS, forms, strict=True):
         starts, values = escapes[form], characters[form]
         for place in range(size):
-            bits = (values >> (6 * (size - 1 - place))) & (0x3F if place else 0x7F >> size)
+            bits = (values >> (6 * (size - 1 - place))) & (0x3F if place else lead_bits)
             written[starts + place] = (lead if place == 0 else 0x80) | bits
         for place in range(size, span):
             dropped[starts + place] = True
@@ -364,8 +367,9 @@ def _respelled(body: bytes) -> bytes:
       next that closes it (a quote a backslash escapes, ``_escaped_bytes``, is inside one);
       every byte up to the space is a blank there (control characters are escaped inside
       strings).
-    - In ASCII text (Python's json.dumps by default), ``\\u`` escapes of characters beyond
-      ASCII are written out in UTF-8 (``_unicode_escapes_written``).
+    - In ASCII text (Python's json.dumps by default), ``\\u`` escapes are written out in UTF-8
+      but for those of control characters, the quote and the backslash
+      (``_unicode_escapes_written``).
 
     So an exact pass over the result sees the keys and objects a pass over ``body`` sees.
     Vectorised, every part in one pass: a few milliseconds for a megabyte.
