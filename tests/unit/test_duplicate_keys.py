@@ -570,16 +570,6 @@ def test_spacing_with_a_key_that_holds_a_space_is_parsed_again_only_around_the_r
     assert sum(parsed) < len(raw) // 100
 
 
-def strings_in(node: Any) -> Iterator[str]:
-    if isinstance(node, str):
-        yield node
-    for key, child in node.pairs if isinstance(node, Pairs) else []:
-        yield key
-        yield from strings_in(child)
-    for child in node if isinstance(node, list) else []:
-        yield from strings_in(child)
-
-
 @settings(max_examples=300, deadline=None)
 @given(document=trees())
 def test_escapes_are_written_out_as_text_with_them_unescaped(document: Any) -> None:

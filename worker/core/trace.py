@@ -765,8 +765,9 @@ def _raise_first_duplicate(raw: bytes, document: dict[str, Any], written: bytes)
     Where ``raw`` first differs by a blank (Python's json.dumps puts a space after each
     separator, an indented text a newline), or is ASCII text that writes characters as ``\\u``
     escapes (json.dumps' default), the text compared and parsed is ``raw`` spelled as orjson
-    spells it (``_respelled``): blanks between tokens dropped, escapes of characters beyond
-    ASCII written out. The same tokens and strings, so the same objects with the same keys.
+    spells it (``_respelled``): blanks between tokens dropped, escapes written out but for those
+    of control characters, the quote and the backslash. The same tokens and strings, so the
+    same objects with the same keys.
 
     Compact JSON (orjson's, JavaScript's JSON.stringify's, Python's json.dumps'), or blanks
     anywhere, cost a parse of the members around each repeated key (the latter also a few
