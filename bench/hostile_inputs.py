@@ -188,6 +188,17 @@ def escaped_colons(limit: int) -> bytes:
     return head + b'"content":"' + b"\\u003a" * count + b'"' + tail
 
 
+def escape_dense_duplicate(limit: int) -> bytes:
+    """One step's content as dense in escapes as json.dumps writes (an accent, a quote, a
+    backslash and a letter written as \\u0041 in every 17 bytes), spaced, "id" given twice."""
+    unit = '\\u00e9\\"\\\\\\u0041 '
+    text = json.dumps(base(steps=[{"step_id": 0, "type": "thought", "content": "C"}]))
+    head, tail = text.split('"C"')
+    pair = ', "id": "kp:trace:dup"'
+    count = (limit - len(head) - len(tail) - len(pair) - 2) // len(unit)
+    return (head + '"' + unit * count + '"' + tail[:-1] + pair + "}").encode()
+
+
 def replace_last(raw: bytes, old: bytes, new: bytes) -> bytes:
     cut = raw.rindex(old)
     return raw[:cut] + new + raw[cut + len(old) :]
@@ -328,6 +339,7 @@ def cases(limit: int) -> list[Case]:
             "bad: dup root key, json.dumps, emoji",
             root_duplicate(limit, first=False, spaced=True, make=emoji_step),
         ),
+        Case("bad: dup root key, json.dumps, dense escapes", escape_dense_duplicate(limit)),
         Case("bad: cut one byte short", most[:-1]),
         Case("bad: one byte over the limit", padded(base(steps=one), limit + 1)),
     ]

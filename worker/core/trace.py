@@ -333,28 +333,36 @@ def _unicode_escapes_written(
         points = (points << 4) | _HEX_VALUES.take(codes.take(escapes + place))
     if not len(escapes) or (points < 0).any():
         return None
-    high = (points >= 0xD800) & (points < 0xDC00)
-    low = (points >= 0xDC00) & (points < 0xE000)
+    characters = points
+    three = points >= 0x800
     pairs = np.zeros(len(points), dtype=np.bool_)  # a high half with its low half right after
-    pairs[:-1] = high[:-1] & low[1:] & (escapes[1:] == escapes[:-1] + 6)
-    paired = np.zeros(len(points), dtype=np.bool_)
-    paired[1:] = pairs[:-1]
-    if (high != pairs).any() or (low != paired).any():
-        return None
-    characters = points.copy()
-    after = np.flatnonzero(pairs) + 1
-    characters[pairs] = 0x10000 + ((points[pairs] - 0xD800) << 10) + (points[after] - 0xDC00)
+    surrogates = (points & 0xF800) == 0xD800
+    if surrogates.any():
+        high = (points >= 0xD800) & (points < 0xDC00)
+        low = surrogates & ~high
+        pairs[:-1] = high[:-1] & low[1:] & (escapes[1:] == escapes[:-1] + 6)
+        paired = np.zeros(len(points), dtype=np.bool_)
+        paired[1:] = pairs[:-1]
+        if (high != pairs).any() or (low != paired).any():
+            return None
+        characters = points.copy()
+        after = np.flatnonzero(pairs) + 1
+        characters[pairs] = 0x10000 + ((points[pairs] - 0xD800) << 10) + (points[after] - 0xDC00)
+        three &= ~surrogates
     one = (points >= 0x20) & (points < 0x80) & (points != ord('"')) & (points != ord("\\"))
     two = (points >= 0x80) & (points < 0x800)
-    forms = (one, two, (points >= 0x800) & ~high & ~low & ~paired, pairs)
+    forms = (one, two, three, pairs)
     if not any(form.any() for form in forms):
         return None
     written, dropped = codes.copy(), np.zeros(len(codes), dtype=np.bool_)
     for (size, lead, lead_bits, span), form in zip(_UTF8_FORMS, forms, strict=True):
-        starts, values = escapes[form], characters[form]
-        for place in range(size):
+        chosen = np.flatnonzero(form)
+        if not len(chosen):
+            continue
+        starts, values = escapes.take(chosen), characters.take(chosen)
+        for place in range(size):  # bytes, not int32: numpy casts each element otherwise
             bits = (values >> (6 * (size - 1 - place))) & (0x3F if place else lead_bits)
-            written[starts + place] = (lead if place == 0 else 0x80) | bits
+            written[starts + place] = ((lead if place == 0 else 0x80) | bits).astype(np.uint8)
         for place in range(size, span):
             dropped[starts + place] = True
     return written, dropped
