@@ -292,28 +292,39 @@ _UTF8_FORMS = (
 )
 
 
+_SHORT_RUN = 16  # runs of backslashes measured a byte at a time up to this length
+
+
 def _escaped_bytes(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.bool_]:
     """Which bytes of ``codes`` a backslash escapes, backslashes aside: ``"`` in ``\\"``, ``u``
-    in ``\\u00e9``. In a run of backslashes each escapes the next, so a run of odd length
-    escapes the byte after it. Found from the runs' ends, in a few passes over the bytes
-    whatever the runs' lengths."""
+    in ``\\u00e9``. In a run of backslashes each escapes the next, so the byte after a run is
+    escaped when the run's length is odd.
+
+    Only the bytes after a run are looked at; runs are measured backwards a byte at a time
+    (they are short in text: ``\\\\`` and ``\\"``), and any longer than ``_SHORT_RUN`` from the
+    runs' starts: a few passes over the bytes whatever the runs' lengths.
+    """
     slashes = codes == ord("\\")
     escaped = np.zeros(len(codes), dtype=np.bool_)
     if not slashes.any():
         return escaped
-    # For booleans a > b is a and not b: each mask is written into ``escaped`` in turn.
-    if not np.logical_and(slashes[1:], slashes[:-1], out=escaped[1:]).any():
-        escaped[1:] = slashes[:-1]  # every run one backslash long
-        return escaped
-    firsts = np.flatnonzero(np.greater(slashes[1:], slashes[:-1], out=escaped[1:])) + 1
-    if slashes[0]:
-        firsts = np.concatenate(([0], firsts))
-    lasts = np.flatnonzero(np.greater(slashes[:-1], slashes[1:], out=escaped[:-1]))
-    if slashes[-1]:
-        lasts = np.concatenate((lasts, [len(codes) - 1]))
-    after = lasts[((lasts - firsts) & 1) == 0] + 1
-    escaped[:] = False
-    escaped[after[after < len(codes)]] = True
+    np.greater(slashes[:-1], slashes[1:], out=escaped[1:])  # right after a run (a > b: a, not b)
+    after = np.flatnonzero(escaped)
+    length = np.ones(len(after), dtype=np.intp)
+    longer = np.flatnonzero(slashes.take(np.maximum(after - 2, 0)) & (after >= 2))
+    reach = 2
+    while len(longer) and reach <= _SHORT_RUN:
+        length[longer] = reach
+        before = after.take(longer) - reach - 1
+        longer = longer[slashes.take(np.maximum(before, 0)) & (before >= 0)]
+        reach += 1
+    if len(longer):
+        firsts = np.flatnonzero(slashes[1:] & ~slashes[:-1]) + 1
+        if slashes[0]:
+            firsts = np.concatenate(([0], firsts))
+        ends = after.take(longer)
+        length[longer] = ends - firsts[np.searchsorted(firsts, ends - 1, side="right") - 1]
+    escaped[after[(length & 1) == 0]] = False
     return escaped
 
 
