@@ -391,7 +391,7 @@ def _respelled(body: bytes) -> bytes:
       (``_unicode_escapes_written``).
 
     So an exact pass over the result sees the keys and objects a pass over ``body`` sees.
-    Vectorised, every part in one pass: a few milliseconds for a megabyte.
+    Vectorised, a few passes over the bytes: milliseconds for a megabyte.
     """
     codes = np.frombuffer(body, dtype=np.uint8)
     escaped = _escaped_bytes(codes)
