@@ -63,6 +63,10 @@ class Settings(BaseSettings):
     # fetch once it has records or this time has passed, so this is also the longest a new
     # record can sit unseen on a broker that answers late.
     fetch_max_wait_ms: int = Field(default=20, ge=0, le=10_000)
+    # Records taken from the broker and waiting for the pipeline. Above 80 % of it a
+    # partition is no longer fetched, until the waiting records fall to 40 % of it: a backlog
+    # is read as fast as it is scored, without buffering it all or polling the broker.
+    fetch_buffer_records: int = Field(default=64, ge=8, le=100_000)
     session_timeout_seconds: PositiveFloat = 10.0
     heartbeat_interval_seconds: PositiveFloat = 1.0
     commit_interval_seconds: PositiveFloat = 1.0

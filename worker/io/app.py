@@ -9,6 +9,7 @@ output, so a crash or SIGTERM commits nothing that was not published.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import tempfile
@@ -93,10 +94,51 @@ class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer._fetch_max_wait_ms = wait_ms  # read when the consumer starts its fetcher
         return consumer
 
+    def set_fetching(self, tp: TP, fetching: bool) -> None:
+        """Pause or resume fetching ``tp``; safe to call from the app's event loop."""
+        with contextlib.suppress(RuntimeError):  # the consumer thread has stopped: nothing to do
+            self.thread_loop.call_soon_threadsafe(self._set_fetching, tp, fetching)
+
+    def _set_fetching(self, tp: TP, fetching: bool) -> None:
+        consumer = self._consumer
+        partition = aiokafka.TopicPartition(tp.topic, tp.partition)
+        if consumer is None or partition not in consumer.assignment():
+            return  # revoked meanwhile: a new assignment starts every partition fetching
+        if fetching:
+            consumer.resume(partition)
+        else:
+            consumer.pause(partition)
+
 
 class ScorerConsumer(faust_aiokafka.Consumer):
+    """Faust's consumer that stops fetching a partition while the worker has a backlog of it.
+
+    faust stops handing over a partition's records once the agent's buffer is under
+    pressure (``stream_buffer_maxsize``, KP_FETCH_BUFFER_RECORDS), and takes them again
+    when it has drained, but its consumer thread keeps asking the broker for more: an empty
+    fetch every KP_FETCH_MAX_WAIT_MS, for nothing. On a backlog those fetches took the
+    worker's model threads ~6 % of the cores they could use (bench/RESULTS.md). Here
+    the partition is paused in the Kafka client as well, so no fetch is sent for it until
+    the buffer has drained.
+    """
+
+    _thread: ScorerConsumerThread
+
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return ScorerConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def on_buffer_full(self, tp: TP) -> None:
+        super().on_buffer_full(tp)
+        if tp in self._buffered_partitions:
+            self._thread.set_fetching(tp, False)
+            self.app.observer.fetching_paused(tp, True)  # type: ignore[attr-defined]
+
+    def on_buffer_drop(self, tp: TP) -> None:
+        paused = tp in self._buffered_partitions
+        super().on_buffer_drop(tp)
+        if paused:
+            self._thread.set_fetching(tp, True)
+            self.app.observer.fetching_paused(tp, False)  # type: ignore[attr-defined]
 
 
 class ScorerTransport(faust_aiokafka.Transport):
@@ -150,6 +192,7 @@ class ScorerApp(faust.App):
             producer_acks=-1,
             processing_guarantee="at_least_once",
             stream_wait_empty=False,
+            stream_buffer_maxsize=settings.fetch_buffer_records,
             topic_disable_leader=True,
             topic_allow_declare=False,
             web_enabled=False,

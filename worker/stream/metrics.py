@@ -87,6 +87,14 @@ gap_records = Counter(
     "Records the consumer skipped that the worker read back from the log and scored",
 )
 publish_retries = Counter("kp_publish_retries_total", "Batches whose publish had to be retried")
+fetch_paused = Gauge(
+    "kp_fetch_paused_partitions",
+    "Input partitions not fetched now: records already taken from them wait for the pipeline",
+)
+fetch_pauses = Counter(
+    "kp_fetch_pauses_total",
+    "Times fetching from an input partition paused because the records taken filled the buffer",
+)
 
 broker_reachable = Gauge(
     "kp_broker_reachable",

@@ -31,6 +31,7 @@ class MetricsObserver:
         self.health = WorkerHealth(
             stall_seconds, records_waiting=lambda: self.lag.records_waiting(stall_seconds)
         )
+        self._fetch_paused: set[TopicPartition] = set()
 
     def watch(self) -> None:
         """Make the scrape-time metrics (connectivity, lag) read this observer's state."""
@@ -58,6 +59,15 @@ class MetricsObserver:
 
     def broker_published(self) -> None:
         self.broker.published()
+
+    def fetching_paused(self, tp: TopicPartition, paused: bool) -> None:
+        """Fetching from ``tp`` paused (the records taken fill the buffer) or resumed."""
+        if paused and tp not in self._fetch_paused:
+            self._fetch_paused.add(tp)
+            metrics.fetch_pauses.inc()
+        elif not paused:
+            self._fetch_paused.discard(tp)
+        metrics.fetch_paused.set(len(self._fetch_paused))
 
     def broker_unreachable(self, error: BaseException | str) -> None:
         self.broker.unreachable(error)
