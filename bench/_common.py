@@ -92,6 +92,48 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_schedstats(pid: int | None) -> dict[int, tuple[float, float]]:
+    """Per thread of a process: (seconds on a core, seconds runnable but waiting for one),
+    from /proc/PID/task/TID/schedstat (empty where the kernel does not keep it)."""
+    stats: dict[int, tuple[float, float]] = {}
+    if pid is None:
+        return stats
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                on_core, waiting, _ = (task / "schedstat").read_text().split()
+                stats[int(task.name)] = (int(on_core) / 1e9, int(waiting) / 1e9)
+    return stats
+
+
+def thread_lines(
+    before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]], wall: float
+) -> list[str]:
+    """The busiest threads' share of the wall time on a core and waiting for one; the rest
+    summed. A thread that waits for a core while another of the machine's processes or
+    threads holds it is the cost of sharing the cores, not of the thread's own work."""
+    deltas = sorted(
+        (
+            (
+                after[tid][0] - before.get(tid, (0.0, 0.0))[0],
+                after[tid][1] - before.get(tid, (0.0, 0.0))[1],
+            )
+            for tid in after
+        ),
+        reverse=True,
+    )
+    if not deltas or wall <= 0:
+        return []
+    cores = os.cpu_count() or 1
+    top, rest = deltas[:cores], deltas[cores:]
+    shares = ", ".join(f"{on / wall:.2f} / {wait / wall:.2f}" for on, wait in top)
+    return [
+        f"  threads (share of the wall time on a core / waiting for one): the {len(top)} "
+        f"busiest {shares}; the other {len(rest)} together "
+        f"{sum(d[0] for d in rest) / wall:.2f} / {sum(d[1] for d in rest) / wall:.2f}"
+    ]
+
+
 def proc_status_kib(pid: int | str, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):

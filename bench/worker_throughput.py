@@ -20,8 +20,9 @@ measured four ways in one run:
    corpus is produced at once as a backlog; the rate is read from the output records' broker
    timestamps (CreateTime, set by the worker's producer), first to last output. While the
    backlog runs the bench only counts the outputs (its /metrics) and reads them afterwards, so
-   it takes next to no CPU from the worker. Its RSS, its CPU and its /metrics deltas (pipeline
-   depth, reused embeddings, stage times) are printed.
+   it takes next to no CPU from the worker. Its RSS, its CPU, its threads' time on a core and
+   waiting for one (/proc schedstat) and its /metrics deltas (pipeline depth, reused
+   embeddings, stage times) are printed.
 
 Both ceilings are measured in this process before and after 3 and 4 (never while they run;
 the machine may be shared, so the ratios use the mean of the two). The ceilings use the
@@ -166,6 +167,7 @@ async def run_worker(
         rss_warm = c.proc_status_kib(worker.pid or 0, "VmRSS") / 1024
         await asyncio.sleep(0.5)
         before = c.scrape(await asyncio.to_thread(worker.metrics_text))
+        threads_before = c.thread_schedstats(worker.pid)
         cpu_before = {
             "worker": c.cpu_seconds(worker.pid),
             "broker": c.cpu_seconds(broker.pid),
@@ -178,6 +180,7 @@ async def run_worker(
         produced = time.time()
         await count.wait_for(outputs_before + len(sent), timeout=60 + len(records) / 2)
         finished = time.time()
+        threads_after = c.thread_schedstats(worker.pid)
         cpu_after = {
             "worker": c.cpu_seconds(worker.pid),
             "broker": c.cpu_seconds(broker.pid),
@@ -215,6 +218,7 @@ async def run_worker(
         + ", ".join(f"{k} {(cpu_after[k] - cpu_before[k]) / wall:.2f}" for k in cpu_after)
         + f"  (wall {wall:.2f} s, {os.cpu_count()} cores)"
     )
+    lines += c.thread_lines(threads_before, threads_after, wall)
     lines.append(
         f"  worker RSS {rss:.0f} MiB (peak {hwm:.0f} MiB; {rss_ready:.0f} MiB when ready, "
         f"{rss_warm:.0f} MiB after the {WARMUP_RECORDS}-trace warm-up); "

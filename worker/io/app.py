@@ -116,10 +116,10 @@ class ScorerConsumer(faust_aiokafka.Consumer):
     faust stops handing over a partition's records once the agent's buffer is under
     pressure (``stream_buffer_maxsize``, KP_FETCH_BUFFER_RECORDS), and takes them again
     when it has drained, but its consumer thread keeps asking the broker for more: an empty
-    fetch every KP_FETCH_MAX_WAIT_MS, for nothing. On a backlog those fetches took the
-    worker's model threads ~6 % of the cores they could use (bench/RESULTS.md). Here
-    the partition is paused in the Kafka client as well, so no fetch is sent for it until
-    the buffer has drained.
+    fetch every KP_FETCH_MAX_WAIT_MS, for nothing. On a backlog on 2 cores those fetches
+    took ~0.03 of a core in the worker and ~0.035 in the broker (bench/RESULTS.md). Here the
+    partition is paused in the Kafka client as well, so no fetch is sent for it until the
+    buffer has drained.
     """
 
     _thread: ScorerConsumerThread
