@@ -86,6 +86,9 @@ class MetricsObserver:
 
     def partitions_assigned(self, partitions: Sequence[TopicPartition]) -> None:
         self.lag.assigned(partitions)
+        # A new assignment starts every partition fetching in the Kafka client.
+        self._fetch_paused.clear()
+        metrics.fetch_paused.set(0)
         self.health.assignment_received()
 
     def partition_started(self, tp: TopicPartition, position: int) -> None:
