@@ -172,3 +172,28 @@ def test_endpoints_answer_from_the_health_state_and_lag_is_exported_at_scrape_ti
         metrics.model_runs_split.source = None
     assert b"kp_consumer_lag_records{" not in generate_latest()
     assert b"kp_model_runs_split_total 0.0" in generate_latest()
+
+
+def test_paused_partitions_are_counted_once_and_cleared_by_a_new_assignment() -> None:
+    from prometheus_client import REGISTRY
+
+    def paused() -> float | None:
+        return REGISTRY.get_sample_value("kp_fetch_paused_partitions")
+
+    def pauses() -> float:
+        return REGISTRY.get_sample_value("kp_fetch_pauses_total") or 0.0
+
+    observer = MetricsObserver()
+    observer.partitions_assigned([("in", 0), ("in", 1)])
+    before = pauses()
+    observer.fetching_paused(("in", 0), True)
+    observer.fetching_paused(("in", 0), True)  # faust reports a full buffer again: one pause
+    observer.fetching_paused(("in", 1), True)
+    assert (paused(), pauses() - before) == (2.0, 2.0)
+    observer.fetching_paused(("in", 0), False)
+    assert paused() == 1.0
+    # A rebalance: the Kafka client starts every newly assigned partition fetching.
+    observer.partitions_assigned([("in", 1)])
+    assert paused() == 0.0
+    observer.fetching_paused(("in", 1), False)  # faust's late drop callback changes nothing
+    assert (paused(), pauses() - before) == (0.0, 2.0)
