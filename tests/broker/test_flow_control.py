@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import time
-import urllib.request
 import uuid
 
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from worker.dev.process import WorkerProcess
 
 from support.kafka_helpers import create_topics, produce
 from support.outputs import collect_outputs
 from support.paths import EXAMPLES
-from support.workers import worker_topics
+from support.workers import metric_total, worker_topics
 
 pytestmark = pytest.mark.broker
 
@@ -41,15 +39,7 @@ def produce_spread(bootstrap: str, topic: str, values: list[bytes]) -> set[tuple
 
 
 def metric(worker: WorkerProcess, name: str) -> float:
-    url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        body = response.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(body)
-        for sample in family.samples
-        if sample.name == name
-    )
+    return metric_total(worker.metrics_port, name)
 
 
 def test_backlog_pauses_fetching_then_resumes_and_scores_every_record_once(

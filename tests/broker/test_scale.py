@@ -9,13 +9,11 @@ duplicates are allowed and counted, a missing record is not).
 from __future__ import annotations
 
 import time
-import urllib.request
 import uuid
 from collections import Counter
 
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from worker.core.trace import parse_trace
 from worker.dev.process import WorkerProcess
@@ -23,6 +21,7 @@ from worker.dev.process import WorkerProcess
 from support.kafka_helpers import create_topics, produce
 from support.outputs import Output, collect_outputs
 from support.paths import EXAMPLES
+from support.workers import metric_total
 
 pytestmark = pytest.mark.broker
 
@@ -96,17 +95,9 @@ def wait_until(condition, timeout: float, what: str, workers: list[WorkerProcess
 def records_scored(worker: WorkerProcess) -> float:
     """kp_records_total summed over its labels, scraped from the worker's /metrics."""
     try:
-        url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=2) as response:
-            body = response.read().decode()
+        return metric_total(worker.metrics_port, "kp_records_total", timeout=2)
     except OSError:
         return 0.0
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(body)
-        for sample in family.samples
-        if sample.name == "kp_records_total"
-    )
 
 
 def trace_id(output: Output) -> str | None:

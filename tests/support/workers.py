@@ -1,6 +1,11 @@
-"""Settings giving a worker subprocess (``worker.dev.process.WorkerProcess``) its own topics."""
+"""Settings giving a worker subprocess (``worker.dev.process.WorkerProcess``) its own topics,
+and reading its /metrics."""
 
 from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def worker_topics(
@@ -22,3 +27,17 @@ def worker_topics(
         env["KP_DEAD_LETTER_TOPIC"]: "dead_letter",
     }
     return env, outputs
+
+
+def metric_total(metrics_port: int, name: str, timeout: float = 5.0) -> float:
+    """The samples of metric ``name`` summed over their labels, scraped from a worker's /metrics
+    (raises OSError when it does not answer)."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+        if sample.name == name
+    )
