@@ -72,6 +72,8 @@ DASHBOARD_MUST_USE = {
     "kp_accept_threshold",
     "kp_domain_accept_threshold",
     "kp_build_info",
+    "kp_fetch_paused_partitions",
+    "kp_fetch_pauses_total",
 }
 ALERTS_MUST_USE = {
     "kp_broker_reachable",
