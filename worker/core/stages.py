@@ -160,8 +160,8 @@ class StagedEncoder:
             outs = [run(hiddens[0], spans[0]), *(future.result() for future in pending)]
             hiddens = [out[0] for out in outs]
             if len(stage.outputs) > 1:  # not the last layer: the next one's keys and values
-                keys = np.concatenate([out[1] for out in outs], axis=self._axes.keys)
-                values = np.concatenate([out[2] for out in outs], axis=self._axes.values)
+                keys = _joined([out[1] for out in outs], self._axes.keys)
+                values = _joined([out[2] for out in outs], self._axes.values)
         return hiddens[0] if len(hiddens) == 1 else np.concatenate(hiddens, axis=_TOKEN_AXIS)
 
     def _run_stage(
@@ -192,6 +192,11 @@ def _spans(tokens: int, slices: int) -> list[tuple[int, int] | None]:
     if slices == 1:
         return [None]
     return list(itertools.pairwise(round(tokens * i / slices) for i in range(slices + 1)))
+
+
+def _joined(parts: list[FloatArray], axis: int) -> FloatArray:
+    """The slices' outputs as one tensor; a whole run's as it is (no copy)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
 
 def _take(array: np.ndarray, axis: int, span: tuple[int, int]) -> np.ndarray:
