@@ -14,7 +14,7 @@ import os
 import platform
 import time
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -90,6 +90,14 @@ def cpu_seconds(pid: int | None) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """(idle, all) CPU seconds of the whole machine since boot, summed over its cores
+    (/proc/stat; idle includes waiting for I/O)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return idle / os.sysconf("SC_CLK_TCK"), sum(fields[:8]) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_schedstats(pid: int | None) -> dict[int, tuple[float, float]]:
@@ -400,15 +408,24 @@ class OutputCount:
         samples = scrape(await asyncio.to_thread(self._worker.metrics_text))
         return int(sum(v for (name, _), v in samples.items() if name == "kp_records_total"))
 
-    async def wait_for(self, count: int, timeout: float, poll_seconds: float = 1.0) -> None:
+    async def wait_for(
+        self,
+        count: int,
+        timeout: float,
+        poll_seconds: float = 1.0,
+        still_short: Callable[[], None] | None = None,
+    ) -> None:
         """Until the worker has had ``count`` outputs (or more) acknowledged.
 
         Once a second: rendering /metrics costs the worker ~9 ms of CPU, so polling four times
         a second took ~3.5 % of a core from the run being measured (Prometheus itself scrapes
         every 15-30 s). The rates come from the outputs' timestamps, not from this poll.
+        ``still_short`` is called after each poll that found fewer: the worker was still busy.
         """
         deadline = time.monotonic() + timeout
         while await self.total() < count:
+            if still_short is not None:
+                still_short()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the worker acknowledged fewer than {count} outputs")
             await asyncio.sleep(poll_seconds)

@@ -21,8 +21,9 @@ measured four ways in one run:
    timestamps (CreateTime, set by the worker's producer), first to last output. While the
    backlog runs the bench only counts the outputs (its /metrics) and reads them afterwards, so
    it takes next to no CPU from the worker. Its RSS, its CPU, its threads' time on a core and
-   waiting for one (/proc schedstat) and its /metrics deltas (pipeline depth, reused
-   embeddings, stage times) are printed.
+   waiting for one (/proc schedstat), the cores the whole machine left idle while it ran
+   (/proc/stat) and its /metrics deltas (pipeline depth, reused embeddings, stage times) are
+   printed.
 
 Both ceilings are measured in this process before and after 3 and 4 (never while they run;
 the machine may be shared, so the ratios use the mean of the two). The ceilings use the
@@ -175,10 +176,15 @@ async def run_worker(
         }
         load_at_start = c.load_average()
         profiler = start_profiler(worker.pid, len(records) / 10) if args.profile else None
+        machine_busy = [c.machine_cpu_seconds()]  # at the start, then at polls still short
         started = time.time()
         sent = await c.produce_burst(broker.bootstrap_servers, topics.input, records)
         produced = time.time()
-        await count.wait_for(outputs_before + len(sent), timeout=60 + len(records) / 2)
+        await count.wait_for(
+            outputs_before + len(sent),
+            timeout=60 + len(records) / 2,
+            still_short=lambda: machine_busy.append(c.machine_cpu_seconds()),
+        )
         finished = time.time()
         threads_after = c.thread_schedstats(worker.pid)
         cpu_after = {
@@ -219,6 +225,7 @@ async def run_worker(
         + f"  (wall {wall:.2f} s, {os.cpu_count()} cores)"
     )
     lines += c.thread_lines(threads_before, threads_after, wall)
+    lines.append(f"  {idle_line(machine_busy[0], machine_busy[-1])}")
     lines.append(
         f"  worker RSS {rss:.0f} MiB (peak {hwm:.0f} MiB; {rss_ready:.0f} MiB when ready, "
         f"{rss_warm:.0f} MiB after the {WARMUP_RECORDS}-trace warm-up); "
@@ -285,6 +292,20 @@ def summarise_stacks(raw: str, top: int = 8) -> list[str]:
     for (thread, leaf), count in leaves.most_common(top):
         lines.append(f"  {count / total:6.1%}  [{thread}] {leaf[:110]}")
     return lines
+
+
+def idle_line(first: tuple[float, float], last: tuple[float, float]) -> str:
+    """The machine's cores left idle between two /proc/stat readings taken while the worker
+    was still scoring: what no thread of any process could use (a thread waiting for a lock,
+    the GIL or work leaves its core to whatever else is runnable)."""
+    idle, elapsed = last[0] - first[0], last[1] - first[1]
+    if elapsed <= 0:
+        return "machine idle while the backlog ran: not measured (the backlog ended first)"
+    cores = os.cpu_count() or 1
+    return (
+        f"machine idle while the backlog ran: {cores * idle / elapsed:.3f} of {cores} cores "
+        f"(/proc/stat over the first {elapsed / cores:.1f} s)"
+    )
 
 
 def ratio_line(label: str, rate: float, name: str, reference: float, target: bool) -> str:
