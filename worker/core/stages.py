@@ -147,7 +147,7 @@ class StagedEncoder:
         for stage, cut in zip(self._layers, self._cuts, strict=True):
             wanted = max(1, min(slices_now(), most))
             if wanted != len(spans):
-                joined = hiddens[0] if len(hiddens) == 1 else np.concatenate(hiddens, _TOKEN_AXIS)
+                joined = _joined(hiddens, _TOKEN_AXIS)
                 spans = _spans(tokens, wanted)
                 hiddens = [
                     joined if span is None else joined[:, span[0] : span[1]] for span in spans
@@ -162,7 +162,7 @@ class StagedEncoder:
             if len(stage.outputs) > 1:  # not the last layer: the next one's keys and values
                 keys = _joined([out[1] for out in outs], self._axes.keys)
                 values = _joined([out[2] for out in outs], self._axes.values)
-        return hiddens[0] if len(hiddens) == 1 else np.concatenate(hiddens, axis=_TOKEN_AXIS)
+        return _joined(hiddens, _TOKEN_AXIS)
 
     def _run_stage(
         self,
