@@ -25,6 +25,7 @@ from worker.core.stages import (
     _PROBE_TOKENS,
     MIN_TOKENS_PER_SLICE,
     StagedEncoder,
+    _Stage,
     most_slices,
     staged_encoder,
 )
@@ -115,11 +116,11 @@ def test_a_split_that_stops_midway_gives_the_same_bits(
     assert np.array_equal(got, expected)
 
 
-@pytest.mark.parametrize("pattern", [[1, 2, 2, 2, 2, 2], [1, 1, 1, 1, 1, 3], [3, 1, 2, 1, 3, 2]])
-def test_a_run_that_splits_from_a_later_layer_gives_the_same_bits(
+@pytest.mark.parametrize("pattern", [[2, 1, 2, 2, 2, 2], [2, 1, 1, 1, 1, 3], [3, 1, 2, 1, 3, 2]])
+def test_a_split_run_that_joins_and_splits_again_gives_the_same_bits(
     whole: OnnxEmbedder, staged: OnnxEmbedder, pattern: list[int]
 ) -> None:
-    """A run that started beside another splits once alone, and may join and split again."""
+    """Runs start and end beside a split run: it joins its slices and splits again."""
     feeds = feeds_for(staged, [text(300, 10), text(120, 11)])
     (expected,) = whole._session.run(["last_hidden_state"], feeds)
     asked = iter(pattern)
@@ -127,6 +128,46 @@ def test_a_run_that_splits_from_a_later_layer_gives_the_same_bits(
     with ThreadPoolExecutor(2) as helpers:
         got = staged._session.run_split(feeds, helpers, lambda: next(asked))
     assert np.array_equal(got, expected)
+
+
+@contextmanager
+def branches_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The numbers of the branches the stages' session runs meanwhile (0: the whole model)."""
+    taken: list[int] = []
+    real = _Stage.run
+
+    def counted(self: _Stage, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        taken.append(int(self.path))
+        return real(self, feeds)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_Stage, "run", counted)
+        yield taken
+
+
+def test_the_whole_model_and_every_stage_share_one_session(staged: OnnxEmbedder) -> None:
+    encoder = staged._session
+    assert isinstance(encoder, StagedEncoder)
+    stages = [encoder._whole, encoder._embeddings, *encoder._layers]
+    assert len(stages) == 8
+    assert all(stage.session is encoder._whole.session for stage in stages)
+    assert [int(stage.path) for stage in stages] == list(range(8))
+
+
+def test_a_run_not_split_is_one_model_call(
+    staged: OnnxEmbedder, whole: OnnxEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short text, or a long one beside another run, never goes back to Python between
+    layers: one call of the whole-model branch, the whole model's bits."""
+    short, long = text(20, 13), text(300, 14)
+    expected = whole.embed([short, long])
+    with branches_run(monkeypatch) as taken, one_more(staged, "_runs_in_progress"):
+        got = [staged.submit([short]).result(), staged.submit([long]).result()]
+    assert taken == [0, 0]
+    assert np.array_equal(np.concatenate(got), expected)
+    with branches_run(monkeypatch) as taken:
+        staged.submit([long]).result()  # alone: the embeddings, then each layer split
+    assert taken == [1, *[n for n in range(2, 8) for _ in range(2)]]
 
 
 def test_vectors_are_the_whole_models_alone_in_bursts_and_in_batches(whole: OnnxEmbedder) -> None:
@@ -243,37 +284,30 @@ def test_a_run_starting_meanwhile_stops_the_split(
         counting.shutdown()
 
 
-def test_a_run_that_started_beside_another_splits_once_alone(
+def test_a_run_that_starts_beside_another_runs_whole_to_the_end(
     staged: OnnxEmbedder, whole: OnnxEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Whether to split is asked once, before the first layer: a run that starts beside
+    another runs the whole model in one call, whatever happens meanwhile."""
     long = text(300, 12)
     expected = whole.embed([long])
     counting = CountingExecutor()
     staged._slice_pool, idle_pool = counting, staged._slice_pool
     real_slices_now = staged._slices_now
-    layers_asked = 0
-    other_running = True
-    with staged._runs_lock:
-        staged._runs_in_progress += 1  # another run holds the other thread
+    asked = 0
 
-    def other_run_ends_before_the_third_layer() -> int:
-        nonlocal layers_asked, other_running
-        layers_asked += 1
-        if layers_asked == 3:
-            with staged._runs_lock:
-                staged._runs_in_progress -= 1
-            other_running = False
-        return real_slices_now()
+    def asked_while_another_runs() -> int:
+        nonlocal asked
+        asked += 1
+        with one_more(staged, "_runs_in_progress"):
+            return real_slices_now()
 
-    monkeypatch.setattr(staged, "_slices_now", other_run_ends_before_the_third_layer)
+    monkeypatch.setattr(staged, "_slices_now", asked_while_another_runs)
     try:
-        assert np.array_equal(staged.submit([long]).result(), expected)
-        assert layers_asked == 6
-        assert counting.submitted == 4  # layers 3 to 6 split over the thread it left
+        with branches_run(monkeypatch) as taken:
+            assert np.array_equal(staged.submit([long]).result(), expected)
+        assert (asked, taken, counting.submitted) == (1, [0], 0)
     finally:
-        if other_running:
-            with staged._runs_lock:
-                staged._runs_in_progress -= 1
         staged._slice_pool = idle_pool
         counting.shutdown()
 

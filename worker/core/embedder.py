@@ -72,14 +72,13 @@ class OnnxEmbedder:
 
     On CPU, separate single-threaded runs use the cores better than one run split over
     intra-op threads, so texts are spread over a small pool of threads that all call the same
-    model (`InferenceSession.run` and `Tokenizer.encode_batch` are thread-safe; the model, one
-    session or one per stage, keeps one copy of the weights). A text's vector does not depend
-    on which thread ran it.
+    model (`InferenceSession.run` and `Tokenizer.encode_batch` are thread-safe; the model is
+    one session, with one copy of the weights). A text's vector does not depend on which
+    thread ran it.
 
-    A long run splits its tokens over the threads that have no other work, layer by layer
-    (:mod:`worker.core.stages`), so a trace that arrives alone uses every core, one left
-    alone by a shorter one uses them from then on, and a backlog still runs one text per
-    core.
+    A long run that starts while other threads have no work splits its tokens over them,
+    layer by layer (:mod:`worker.core.stages`), so a trace that arrives alone uses every
+    core; a backlog runs one text per core, each in one model call.
     """
 
     model_id: str

@@ -13,6 +13,11 @@ values of all tokens, to the next layer's hidden states, keys and values for tho
 A stage can run on all tokens at once, or on slices of the tokens on several threads, the
 keys and values joined between layers.
 
+The whole model and each stage are branches of one onnxruntime model, chosen by an input:
+they read the same weights, so one session holds and packs them once. A run that will not
+be split (a backlog, a short text) takes the whole-model branch in one call, without going
+back to Python between layers, where it could wait for the interpreter lock.
+
 The stages are cut from the graph onnxruntime optimised (its fused kernels included) and run
 without further optimisation, so every token meets the same kernels on the same numbers as
 in one whole run: the vectors are bit-identical. Building checks that on a probe, split and
@@ -38,6 +43,7 @@ import onnxruntime as ort
 
 from worker.core.errors import one_line
 from worker.core.streamline import GraphIndex
+from worker.memory import release_freed_memory
 
 if TYPE_CHECKING:
     import onnx
@@ -69,9 +75,21 @@ class _LayerCut:
 
 @dataclass(frozen=True, slots=True)
 class _Stage:
+    """One way through the shared session: the whole model, or one stage of it."""
+
     session: ort.InferenceSession
+    path: np.ndarray  # the selector that runs this stage's branch alone
     inputs: tuple[str, ...]  # cut tensors first, then the model inputs it reads shapes from
     outputs: tuple[str, ...]
+    feed_names: tuple[str, ...]  # the session's names for `inputs`
+    fetch_names: tuple[str, ...]  # the session's names for `outputs`
+
+    def run(self, feeds: Feeds) -> list[FloatArray]:
+        """This stage's outputs for `feeds` (by the names in `inputs`)."""
+        session_feeds: Feeds = {_PATH: self.path}
+        for name, feed_name in zip(self.inputs, self.feed_names, strict=True):
+            session_feeds[feed_name] = feeds[name]
+        return self.session.run(list(self.fetch_names), session_feeds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,14 +110,16 @@ class _Axes:
 
 
 class StagedEncoder:
-    """The model as stages; `run` is a drop-in for `InferenceSession.run` with one output.
+    """The model whole or as stages; `run` is a drop-in for `InferenceSession.run` with one
+    output.
 
-    Thread-safe like a session: each stage is an onnxruntime session, and a stage's
-    sessions keep its share of the weights, once.
+    Thread-safe like a session: every stage is a branch of one onnxruntime session, which
+    keeps the weights once.
     """
 
     def __init__(
         self,
+        whole: _Stage,
         embeddings: _Stage,
         layers: Sequence[_Stage],
         cuts: Sequence[_LayerCut],
@@ -107,6 +127,7 @@ class StagedEncoder:
         model_inputs: Sequence[str],
         output: str,
     ) -> None:
+        self._whole = whole
         self._embeddings = embeddings
         self._layers = tuple(layers)
         self._cuts = tuple(cuts)
@@ -121,8 +142,8 @@ class StagedEncoder:
         return [self._output]
 
     def run(self, output_names: Sequence[str] | None, feeds: Feeds) -> list[FloatArray]:
-        """The model's output for `feeds`, all tokens at once on the calling thread."""
-        return [self.run_split(feeds, None, lambda: 1)]
+        """The model's output for `feeds`: the whole model in one run on the calling thread."""
+        return [self._whole.run(feeds)[0]]
 
     def run_split(
         self,
@@ -133,19 +154,23 @@ class StagedEncoder:
         """The model's output for `feeds`, its tokens in slices run side by side.
 
         Before each layer `slices_now()` says how many slices the cores allow now (1: whole,
-        when another run holds them); the tokens are cut again when that changes, so a run
-        that started beside another splits once it is alone, and a split run joins its
-        slices when another starts. Slice 0 runs on the calling thread, the others on
-        `helpers`.
+        when another run holds them). A run that starts with the cores shared runs the whole
+        model in one go; one that starts alone runs stage by stage, its tokens cut again when
+        that changes, so a split run joins its slices when another starts and splits again
+        once alone. Slice 0 runs on the calling thread, the others on `helpers`.
         """
         tokens = next(iter(feeds.values())).shape[_TOKEN_AXIS]
         most = most_slices(tokens) if helpers else 1
-        first = self._embeddings.session.run(list(self._embeddings.outputs), feeds)
+        wanted = max(1, min(slices_now(), most)) if most > 1 else 1
+        if wanted == 1:
+            return self._whole.run(feeds)[0]
+        first = self._embeddings.run(feeds)
         hiddens, keys, values = [first[0]], first[-2], first[-1]
         masks = dict(zip(self._embeddings.outputs[1:-2], first[1:-2], strict=True))
         spans: list[tuple[int, int] | None] = [None]
-        for stage, cut in zip(self._layers, self._cuts, strict=True):
-            wanted = max(1, min(slices_now(), most))
+        for layer, (stage, cut) in enumerate(zip(self._layers, self._cuts, strict=True)):
+            if layer:
+                wanted = max(1, min(slices_now(), most))
             if wanted != len(spans):
                 joined = _joined(hiddens, _TOKEN_AXIS)
                 spans = _spans(tokens, wanted)
@@ -179,7 +204,7 @@ class StagedEncoder:
         stage_feeds: Feeds = dict(zip(stage.inputs[:4], (hidden, keys, values, mask), strict=True))
         for name in stage.inputs[4:]:  # read for their shape only
             stage_feeds[name] = feeds[name] if span is None else feeds[name][:, span[0] : span[1]]
-        return stage.session.run(list(stage.outputs), stage_feeds)
+        return stage.run(stage_feeds)
 
 
 def most_slices(tokens: int) -> int:
@@ -234,6 +259,7 @@ def staged_encoder(
         except Exception as exc:  # the embedder's own smoke test will say what is wrong
             return whole, f"the whole model failed on the probe: {one_line(exc)}"
         del whole
+        release_freed_memory()  # lowers the peak: the stages' model is as large again
         try:
             staged = _build(optimised_path, options, output_name, input_names, probes[0])
             reason = _difference(staged, probes, expected)
@@ -252,15 +278,23 @@ _PROVIDERS = ["CPUExecutionProvider"]
 def _difference(
     staged: StagedEncoder, probes: list[Feeds], expected: list[FloatArray]
 ) -> str | None:
-    """None when the stages give the whole model's bits on every probe, whole and split."""
+    """None when every way of running the model gives the whole model's bits on every
+    probe: in one go, stage by stage in 2 or 3 slices, and split for the first layer only
+    (the rest stage by stage, whole)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    ways: list[tuple[str, Callable[[], Callable[[], int]]]] = [
+        ("1 slice", lambda: lambda: 1),
+        ("2 slices", lambda: lambda: 2),
+        ("3 slices", lambda: lambda: 3),
+        ("2 slices, then 1", lambda: itertools.chain([2], itertools.repeat(1)).__next__),
+    ]
     with ThreadPoolExecutor(2, thread_name_prefix="kp-stage-check") as helpers:
         for feeds, reference in zip(probes, expected, strict=True):
-            for slices in (1, 2, 3):
-                got = staged.run_split(feeds, helpers, lambda slices=slices: slices)
+            for way, slices_now in ways:
+                got = staged.run_split(feeds, helpers, slices_now())
                 if got.shape != reference.shape or not np.array_equal(got, reference):
-                    return f"the stages differ from the whole model ({slices} slices)"
+                    return f"the stages differ from the whole model ({way})"
     return None
 
 
@@ -295,20 +329,24 @@ def _build(
     graph_model = onnx.load(str(optimised_path))
     index = GraphIndex(graph_model.graph)
     cuts = _find_cuts(graph_model.graph, index)
-    # One stage's bytes at a time: each session takes its share of the weights as it loads.
-    stages = [
-        _Stage(_session(model_bytes, options), inputs, outputs)
-        for model_bytes, inputs, outputs in _plan_stages(graph_model, index, cuts, output_name)
-    ]
-    del graph_model, index
-    return StagedEncoder(
-        stages[0], stages[1:], cuts, _token_axes(stages[0], cuts, probe), input_names, output_name
+    parts = list(_plan_stages(graph_model, index, cuts, output_name))
+    release_freed_memory()  # what loading the graph freed, before its bytes are written
+    model_bytes, names = _branched(graph_model, index, parts)
+    ports = [(part.inputs, part.outputs) for part in parts]
+    del graph_model, index, parts  # the parts' nodes would keep the graph's weights alive
+    session = _session(model_bytes, options)
+    del model_bytes
+    whole, embeddings, *layers = (
+        _Stage(session, np.array(number, dtype=np.int64), *ports[number], *names[number])
+        for number in range(len(ports))
     )
+    axes = _token_axes(embeddings, cuts, probe)
+    return StagedEncoder(whole, embeddings, layers, cuts, axes, input_names, output_name)
 
 
 def _session(model_bytes: bytes, options: Callable[[], ort.SessionOptions]) -> ort.InferenceSession:
     stage_options = options()
-    # The graph is already optimised: optimising a stage again could fuse differently.
+    # The graph is already optimised: optimising it again could fuse differently.
     stage_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(model_bytes, sess_options=stage_options, providers=_PROVIDERS)
 
@@ -316,7 +354,7 @@ def _session(model_bytes: bytes, options: Callable[[], ort.SessionOptions]) -> o
 def _token_axes(embeddings: _Stage, cuts: Sequence[_LayerCut], probe: Feeds) -> _Axes:
     """The token axis of the keys, values and mask, read from their shapes on the probe."""
     tokens = probe["input_ids"].shape[_TOKEN_AXIS]
-    produced = embeddings.session.run(list(embeddings.outputs), probe)
+    produced = embeddings.run(probe)
     shapes = {name: out.shape for name, out in zip(embeddings.outputs, produced, strict=True)}
 
     def only_token_axis(name: str) -> int:
@@ -400,12 +438,22 @@ def _projected_from(producer: dict[str, onnx.NodeProto], queries: str) -> str:
     raise StagingUnavailable("the attention queries are not a projection of hidden states")
 
 
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """The nodes that compute `outputs` from `inputs`, in graph order."""
+
+    nodes: tuple[onnx.NodeProto, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
 def _plan_stages(
     model: onnx.ModelProto, index: GraphIndex, cuts: Sequence[_LayerCut], output_name: str
-) -> Iterator[tuple[bytes, tuple[str, ...], tuple[str, ...]]]:
-    """(model bytes, inputs, outputs) of the embeddings stage, then of one stage per layer."""
+) -> Iterator[_Part]:
+    """The whole model, the embeddings stage, then one stage per layer."""
     model_inputs = [i.name for i in model.graph.input]
     extract = functools.partial(_extract, model, index)
+    yield extract(model_inputs, (output_name,), shapes_only=())
     masks = tuple(dict.fromkeys(cut.mask for cut in cuts))
     first_outputs = (cuts[0].hidden, *masks, cuts[0].keys, cuts[0].values)
     yield extract(model_inputs, first_outputs, shapes_only=())
@@ -426,21 +474,18 @@ def _extract(
     outputs: Sequence[str],
     *,
     shapes_only: Sequence[str],
-) -> tuple[bytes, tuple[str, ...], tuple[str, ...]]:
-    """The nodes computing `outputs` from `inputs` as a model of their own.
+) -> _Part:
+    """The nodes computing `outputs` from `inputs`.
 
     Model inputs in `shapes_only` may be read, but only by Shape nodes: a layer stage gets
     them sliced like its tokens, which is only right for their shape.
     """
-    from onnx import TensorProto, helper
-
     graph = model.graph
     producer, initializers = index.producer, index.initializers
     order = {id(node): position for position, node in enumerate(graph.node)}
-    declared = {i.name: i for i in graph.input}
+    declared = {i.name for i in graph.input}
     wanted, seen = list(outputs), set(inputs)
     nodes: dict[int, onnx.NodeProto] = {}
-    used_initializers: list[str] = []
     read_for_shape: list[str] = []
     while wanted:
         name = wanted.pop()
@@ -448,8 +493,8 @@ def _extract(
             continue
         seen.add(name)
         if name in initializers:
-            used_initializers.append(name)
-        elif name in declared:
+            continue
+        if name in declared:
             if name not in shapes_only:
                 raise StagingUnavailable(f"a layer reads the model input {name}")
             read_for_shape.append(name)
@@ -462,24 +507,124 @@ def _extract(
     for node in nodes.values():
         if node.op_type != "Shape" and any(name in read_for_shape for name in node.input):
             raise StagingUnavailable(f"a layer reads {node.input[0]} beyond its shape")
-    stage_inputs = (*inputs, *sorted(read_for_shape))
     sorted_nodes = sorted(nodes.values(), key=lambda node: order[id(node)])
-    stage_graph = helper.make_graph(
-        sorted_nodes,
-        "stage",
-        [
-            declared[name]
-            if name in declared
-            else helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
-            for name in stage_inputs
-        ],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
-        initializer=[initializers[name] for name in used_initializers],
-    )
-    stage_model = helper.make_model(
-        stage_graph, opset_imports=model.opset_import, ir_version=model.ir_version
-    )
-    return stage_model.SerializeToString(), stage_inputs, tuple(outputs)
+    return _Part(tuple(sorted_nodes), (*inputs, *sorted(read_for_shape)), tuple(outputs))
+
+
+_PATH = "kp_stage"  # which branch a run takes
+
+
+def _branched(
+    model: onnx.ModelProto, index: GraphIndex, parts: Sequence[_Part]
+) -> tuple[bytes, list[tuple[tuple[str, ...], tuple[str, ...]]]]:
+    """One model holding every part as a branch taken when its number is fed as `_PATH`;
+    and, for each part, the model's names for its inputs and outputs.
+
+    The branches read the weights from the one graph around them, so one session holds
+    them once, packed once, whichever branch runs. A branch not taken returns empty
+    tensors without reading its inputs; every input but `_PATH` has an empty default, so a
+    run feeds only its own branch's. `model` itself is rewritten into that model.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = model.graph
+    declared = {i.name: i for i in graph.input}
+    model_inputs = tuple(declared)
+    graph_inputs = [helper.make_tensor_value_info(_PATH, TensorProto.INT64, [])]
+    defaults: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+    graph_outputs: list[onnx.ValueInfoProto] = []
+    names: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+
+    def add_input(name: str, like: str | None) -> None:
+        if like is None:
+            graph_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+            defaults.append(numpy_helper.from_array(np.zeros(0, np.float32), name))
+            return
+        spec = declared[like].type.tensor_type
+        rank = len(spec.shape.dim)
+        graph_inputs.append(helper.make_tensor_value_info(name, spec.elem_type, None))
+        empty = np.zeros((0,) * rank, helper.tensor_dtype_to_np_dtype(spec.elem_type))
+        defaults.append(numpy_helper.from_array(empty, name))
+
+    for name in model_inputs:
+        add_input(name, like=name)
+    for number, part in enumerate(parts):
+        prefix = f"{number}:"
+        own_inputs = part.inputs != model_inputs  # a layer's: cut tensors, sliced inputs
+        renamed = {name: prefix + name for name in part.inputs} if own_inputs else {}
+        for name in renamed:
+            add_input(renamed[name], like=name if name in declared else None)
+        produced = {out for node in part.nodes for out in node.output if out}
+        branch_nodes = []
+        for node in part.nodes:
+            copy = type(node)()
+            copy.CopyFrom(node)
+            if copy.name:
+                copy.name = prefix + copy.name
+            for position, name in enumerate(copy.input):
+                if name in produced:
+                    copy.input[position] = prefix + name
+                elif name in renamed:
+                    copy.input[position] = renamed[name]
+            for position, name in enumerate(copy.output):
+                if name:
+                    copy.output[position] = prefix + name
+            branch_nodes.append(copy)
+        taken = helper.make_graph(
+            branch_nodes,
+            f"stage{number}",
+            [],
+            [
+                helper.make_tensor_value_info(prefix + n, TensorProto.FLOAT, None)
+                for n in part.outputs
+            ],
+        )
+        empty = np.zeros(0, np.float32)
+        not_taken = helper.make_graph(
+            [
+                helper.make_node(
+                    "Constant", [], [f"{prefix}empty{j}"], value=numpy_helper.from_array(empty)
+                )
+                for j in range(len(part.outputs))
+            ],
+            f"skip{number}",
+            [],
+            [
+                helper.make_tensor_value_info(f"{prefix}empty{j}", TensorProto.FLOAT, None)
+                for j in range(len(part.outputs))
+            ],
+        )
+        number_name, chosen = f"{prefix}number", f"{prefix}chosen"
+        fetched = tuple(f"stage{number}/{name}" for name in part.outputs)
+        nodes += [
+            helper.make_node(
+                "Constant",
+                [],
+                [number_name],
+                value=numpy_helper.from_array(np.array(number, np.int64)),
+            ),
+            helper.make_node("Equal", [_PATH, number_name], [chosen]),
+            helper.make_node(
+                "If", [chosen], list(fetched), then_branch=taken, else_branch=not_taken
+            ),
+        ]
+        graph_outputs += [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in fetched
+        ]
+        names.append((tuple(renamed.get(name, name) for name in part.inputs), fetched))
+    # The graph becomes the branched one in place: a copy would hold the weights twice.
+    for field, items in (
+        (graph.node, nodes),
+        (graph.input, graph_inputs),
+        (graph.output, graph_outputs),
+        (graph.value_info, []),  # the names it typed now live inside the branches
+    ):
+        del field[:]
+        field.extend(items)
+    graph.initializer.extend(defaults)
+    graph.name = "stages"
+    return model.SerializeToString(), names
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: int) -> int:
