@@ -25,6 +25,7 @@ from rich.progress import (
 
 from worker import __version__
 from worker.logs import configure_logging
+from worker.memory import keep_large_blocks_mapped
 from worker.settings import Settings, SettingsError, by_variable, load_settings, unknown_variables
 
 if TYPE_CHECKING:
@@ -183,6 +184,7 @@ def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
     settings = _checked_settings()
     configure_logging(settings.log_level, settings.log_repeat_interval_seconds)
     _warn_unknown_variables(as_log=True)
+    keep_large_blocks_mapped()  # before the model is loaded
     from worker.io.app import create_app
 
     app = create_app(settings)
