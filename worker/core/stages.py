@@ -331,9 +331,9 @@ def _build(
     cuts = _find_cuts(graph_model.graph, index)
     parts = list(_plan_stages(graph_model, index, cuts, output_name))
     release_freed_memory()  # what loading the graph freed, before its bytes are written
-    model_bytes, names = _branched(graph_model, index, parts)
+    model_bytes, names = _branched(graph_model, parts)
     ports = [(part.inputs, part.outputs) for part in parts]
-    del graph_model, index, parts  # the parts' nodes would keep the graph's weights alive
+    del graph_model, index, parts  # the weights live on in model_bytes alone
     session = _session(model_bytes, options)
     del model_bytes
     whole, embeddings, *layers = (
@@ -512,10 +512,11 @@ def _extract(
 
 
 _PATH = "kp_stage"  # which branch a run takes
+_EMPTY = np.zeros(0, np.float32)  # what a branch not taken returns, and an unfed input holds
 
 
 def _branched(
-    model: onnx.ModelProto, index: GraphIndex, parts: Sequence[_Part]
+    model: onnx.ModelProto, parts: Sequence[_Part]
 ) -> tuple[bytes, list[tuple[tuple[str, ...], tuple[str, ...]]]]:
     """One model holding every part as a branch taken when its number is fed as `_PATH`;
     and, for each part, the model's names for its inputs and outputs.
@@ -539,7 +540,7 @@ def _branched(
     def add_input(name: str, like: str | None) -> None:
         if like is None:
             graph_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-            defaults.append(numpy_helper.from_array(np.zeros(0, np.float32), name))
+            defaults.append(numpy_helper.from_array(_EMPTY, name))
             return
         spec = declared[like].type.tensor_type
         rank = len(spec.shape.dim)
@@ -555,24 +556,8 @@ def _branched(
         renamed = {name: prefix + name for name in part.inputs} if own_inputs else {}
         for name in renamed:
             add_input(renamed[name], like=name if name in declared else None)
-        produced = {out for node in part.nodes for out in node.output if out}
-        branch_nodes = []
-        for node in part.nodes:
-            copy = type(node)()
-            copy.CopyFrom(node)
-            if copy.name:
-                copy.name = prefix + copy.name
-            for position, name in enumerate(copy.input):
-                if name in produced:
-                    copy.input[position] = prefix + name
-                elif name in renamed:
-                    copy.input[position] = renamed[name]
-            for position, name in enumerate(copy.output):
-                if name:
-                    copy.output[position] = prefix + name
-            branch_nodes.append(copy)
         taken = helper.make_graph(
-            branch_nodes,
+            _prefixed(part.nodes, prefix, renamed),
             f"stage{number}",
             [],
             [
@@ -580,20 +565,15 @@ def _branched(
                 for n in part.outputs
             ],
         )
-        empty = np.zeros(0, np.float32)
+        empties = [f"{prefix}empty{j}" for j in range(len(part.outputs))]
         not_taken = helper.make_graph(
             [
-                helper.make_node(
-                    "Constant", [], [f"{prefix}empty{j}"], value=numpy_helper.from_array(empty)
-                )
-                for j in range(len(part.outputs))
+                helper.make_node("Constant", [], [name], value=numpy_helper.from_array(_EMPTY))
+                for name in empties
             ],
             f"skip{number}",
             [],
-            [
-                helper.make_tensor_value_info(f"{prefix}empty{j}", TensorProto.FLOAT, None)
-                for j in range(len(part.outputs))
-            ],
+            [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in empties],
         )
         number_name, chosen = f"{prefix}number", f"{prefix}chosen"
         fetched = tuple(f"stage{number}/{name}" for name in part.outputs)
@@ -625,6 +605,30 @@ def _branched(
     graph.initializer.extend(defaults)
     graph.name = "stages"
     return model.SerializeToString(), names
+
+
+def _prefixed(
+    nodes: Sequence[onnx.NodeProto], prefix: str, renamed: dict[str, str]
+) -> list[onnx.NodeProto]:
+    """Copies of `nodes` whose own tensors and names carry `prefix`, their inputs renamed
+    by `renamed`: a branch of its own beside the others, reading the same weights."""
+    produced = {out for node in nodes for out in node.output if out}
+    copies = []
+    for node in nodes:
+        copy = type(node)()
+        copy.CopyFrom(node)
+        if copy.name:
+            copy.name = prefix + copy.name
+        for position, name in enumerate(copy.input):
+            if name in produced:
+                copy.input[position] = prefix + name
+            elif name in renamed:
+                copy.input[position] = renamed[name]
+        for position, name in enumerate(copy.output):
+            if name:
+                copy.output[position] = prefix + name
+        copies.append(copy)
+    return copies
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: int) -> int:
