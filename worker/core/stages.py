@@ -161,7 +161,11 @@ class StagedEncoder:
         """
         tokens = next(iter(feeds.values())).shape[_TOKEN_AXIS]
         most = most_slices(tokens) if helpers else 1
-        wanted = max(1, min(slices_now(), most)) if most > 1 else 1
+
+        def cores_allow() -> int:
+            return max(1, min(slices_now(), most))
+
+        wanted = cores_allow() if most > 1 else 1
         if wanted == 1:
             return self._whole.run(feeds)[0]
         first = self._embeddings.run(feeds)
@@ -170,7 +174,7 @@ class StagedEncoder:
         spans: list[tuple[int, int] | None] = [None]
         for layer, (stage, cut) in enumerate(zip(self._layers, self._cuts, strict=True)):
             if layer:
-                wanted = max(1, min(slices_now(), most))
+                wanted = cores_allow()
             if wanted != len(spans):
                 joined = _joined(hiddens, _TOKEN_AXIS)
                 spans = _spans(tokens, wanted)
@@ -512,7 +516,7 @@ def _extract(
 
 
 _PATH = "kp_stage"  # which branch a run takes
-_EMPTY = np.zeros(0, np.float32)  # what a branch not taken returns, and an unfed input holds
+_EMPTY = np.zeros(0, np.float32)  # what a branch not taken returns
 
 
 def _branched(
@@ -538,14 +542,15 @@ def _branched(
     names: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
 
     def add_input(name: str, like: str | None) -> None:
+        """`name` as an input with an empty default, typed like the model input `like`
+        (a float tensor when None)."""
         if like is None:
-            graph_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-            defaults.append(numpy_helper.from_array(_EMPTY, name))
-            return
-        spec = declared[like].type.tensor_type
-        rank = len(spec.shape.dim)
-        graph_inputs.append(helper.make_tensor_value_info(name, spec.elem_type, None))
-        empty = np.zeros((0,) * rank, helper.tensor_dtype_to_np_dtype(spec.elem_type))
+            elem_type, rank = TensorProto.FLOAT, 1
+        else:
+            spec = declared[like].type.tensor_type
+            elem_type, rank = spec.elem_type, len(spec.shape.dim)
+        graph_inputs.append(helper.make_tensor_value_info(name, elem_type, None))
+        empty = np.zeros((0,) * rank, helper.tensor_dtype_to_np_dtype(elem_type))
         defaults.append(numpy_helper.from_array(empty, name))
 
     for name in model_inputs:
