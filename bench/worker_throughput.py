@@ -39,7 +39,9 @@ rewrites' (no target).
 --profile samples the worker with py-spy during the backlog (pip install py-spy).
 
 RATIO lines: offline and worker against the bare single-session ceiling (target >= 1.2),
-and against the concurrent ceiling (no target: how much of the parallel ceiling is reached).
+and against the concurrent ceiling (no target: how much of the parallel ceiling is reached);
+"streamlined concurrent / single-session" is what a worker whose cores ran nothing but its
+model runs would reach.
 """
 
 from __future__ import annotations
@@ -401,6 +403,8 @@ def main() -> None:
     print(ratio_line("worker", worker["rate"], "concurrent", concurrent, False))
     print(ratio_line("worker", worker["rate"], "streamlined concurrent", streamlined, False))
     print(ratio_line("concurrent", concurrent, "single-session", single, False))
+    # What a worker would reach if nothing but its model runs used the cores.
+    print(ratio_line("streamlined concurrent", streamlined, "single-session", single, False))
     print(
         ratio_line(
             "worker", worker["rate"], "single-session, worker's options", mean("sleeping"), False
