@@ -577,23 +577,19 @@ class Ceiling:
         self.model = model
 
         def session(
-            threads: int,
-            loaded: str | bytes = str(model),
-            options: ort.SessionOptions | None = None,
+            options: ort.SessionOptions, loaded: str | bytes = str(model)
         ) -> ort.InferenceSession:
             return ort.InferenceSession(
-                loaded,
-                sess_options=options or session_options(threads),
-                providers=["CPUExecutionProvider"],
+                loaded, sess_options=options, providers=["CPUExecutionProvider"]
             )
 
         defaults = ort.SessionOptions()
         defaults.intra_op_num_threads = self.cores
         defaults.log_severity_level = 3
-        self.single = session(self.cores, options=defaults)
-        self.single_sleeping = session(self.cores)
-        self.shared = session(1)
-        self.streamlined = session(1, streamlined_model(model))
+        self.single = session(defaults)
+        self.single_sleeping = session(session_options(self.cores))
+        self.shared = session(session_options(1))
+        self.streamlined = session(session_options(1), streamlined_model(model))
         inputs = {i.name for i in self.single.get_inputs()}
         self.feeds = pretokenized(texts, "token_type_ids" in inputs, max_tokens)
         self.mean_tokens = float(np.mean([f["input_ids"].shape[1] for f in self.feeds]))
