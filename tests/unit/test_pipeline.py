@@ -320,6 +320,33 @@ def test_scored_value_format() -> None:
     assert headers["kp-scorer-version"] == __version__.encode()
 
 
+SPOOFED_HEADERS = (
+    ("kp-decision", b"accepted"),
+    ("KP-Score", b"1.0"),
+    ("kp-error-kind", b"none"),
+    ("trace", b"t"),
+)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [trace_bytes(metadata={"success": False}), b"{not json", None],
+    ids=["rejected", "dead_letter", "tombstone"],
+)
+def test_producer_kp_headers_never_reach_an_output(value: bytes | None) -> None:
+    """``kp-*`` headers are the scorer's: a producer's own are dropped, in any case."""
+    routed = score_one(scorer(), record(value, headers=SPOOFED_HEADERS))
+    names = [name for name, _ in routed.headers]
+    assert routed.headers[0] == ("trace", b"t")  # other input headers kept, first
+    assert "KP-Score" not in names
+    assert len(names) == len(set(names))  # each scorer header once
+    if routed.decision is Decision.DEAD_LETTER:
+        assert headers_of(routed)["kp-error-kind"] != b"none"
+        assert "kp-decision" not in names
+    else:
+        assert headers_of(routed)["kp-decision"] == routed.decision.value.encode()
+
+
 def test_overrides_listed_in_output() -> None:
     raw = trace_bytes(steps=steps_of("thought"))
     out = payload(score_one(scorer(), record(raw)))

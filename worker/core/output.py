@@ -57,7 +57,7 @@ def scored(
         source_json(record),
     )
     headers = (
-        *record.headers,
+        *producer_headers(record.headers),
         (f"{HEADER_PREFIX}decision", decision.value.encode()),
         (f"{HEADER_PREFIX}score", repr(breakdown.score).encode()),
         (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
@@ -90,13 +90,19 @@ def scored_value(
     return orjson.dumps({"trace": trace, "score": score, "scorer": scorer, "source": source})
 
 
+def producer_headers(headers: tuple[tuple[str, bytes], ...]) -> tuple[tuple[str, bytes], ...]:
+    """The input's headers less any whose name starts with ``kp-`` (in any case): those are the
+    scorer's alone on an output, so a producer cannot pass off a verdict of its own."""
+    return tuple(h for h in headers if not h[0].lower().startswith(HEADER_PREFIX))
+
+
 def dead_letter(record: SourceRecord, error: TraceError) -> RoutedRecord:
     """Original bytes untouched; the why and the where in headers."""
     return RoutedRecord(
         source=record,
         decision=Decision.DEAD_LETTER,
         value=record.value,
-        headers=(*record.headers, *dead_letter_headers(record, error)),
+        headers=(*producer_headers(record.headers), *dead_letter_headers(record, error)),
         domain_label=OTHER_DOMAIN,
         error=error,
     )
@@ -132,7 +138,11 @@ def without_value(routed: RoutedRecord, limit: int) -> RoutedRecord:
         source=routed.source,
         decision=Decision.DEAD_LETTER,
         value=None,
-        headers=(*routed.source.headers, *dead_letter_headers(routed.source, error), omitted),
+        headers=(
+            *producer_headers(routed.source.headers),
+            *dead_letter_headers(routed.source, error),
+            omitted,
+        ),
         domain_label=OTHER_DOMAIN,
         error=error,
     )
@@ -160,6 +170,7 @@ __all__ = [
     "dead_letter_headers",
     "output_topics",
     "prefixed_topics",
+    "producer_headers",
     "scored",
     "source_json",
     "without_value",
