@@ -39,9 +39,12 @@ FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
 
 _OUTPUT_NAME = "last_hidden_state"
-# Texts longer than max_tokens * this many characters are tokenized from a prefix first:
-# English runs ~4-5 characters a token, so the prefix almost always holds enough tokens.
-_CHARS_PER_TOKEN_CUT = 16
+# A text is tokenized from its first max_tokens * this many characters (16,384 at 256 tokens):
+# tokenizing runs over all it is given before truncation keeps max_tokens, so a 1 MiB text
+# would hold a model thread 0.25-0.9 s. Text runs ~4-5 characters a token (CJK one), so the cut
+# changes no token of any text with fewer than 64 characters a token over its first max_tokens;
+# the worst text at the cut tokenizes in ~13 ms (bench/tokenize_bound.py).
+_CHARS_PER_TOKEN_CUT = 64
 _REQUIRED_INPUTS = ("input_ids", "attention_mask")
 # Runs of at least this many tokens split over idle threads (0: never; worker default).
 SPLIT_MIN_TOKENS = 64
@@ -217,22 +220,14 @@ class OnnxEmbedder:
                 pool.shutdown(wait=False, cancel_futures=True)
 
     def _encode(self, texts: Sequence[str]) -> list[Encoding]:
-        """Token ids for each text, exactly as tokenizing the whole text would give them.
+        """Token ids of each text's first ``max_tokens * 64`` characters.
 
-        Short texts go through the batch encoder that skips offsets (about a quarter faster).
-        Tokenizing runs over the whole text before truncation keeps only max_tokens, so a
-        1 MB trace would cost about a second: a long text is tokenized from a prefix, and the
-        prefix's tokens are kept only when the cut provably did not touch them, i.e. the last
-        kept token's word is followed by another word inside the prefix (tokens never cross
-        words, and normalisation is per character). Otherwise the whole text is tokenized.
+        The batch encoder releases the interpreter lock while it works (``encode`` holds it),
+        so the event loop keeps heartbeating while a long text is tokenized; skipping offsets
+        makes it about a quarter faster.
         """
         cut = self._char_cut
-        encodings = self._encode_fast([text if len(text) <= cut else "" for text in texts])
-        for i, text in enumerate(texts):
-            if len(text) > cut:
-                prefix = self._tokenizer.encode(text[:cut])
-                encodings[i] = prefix if _prefix_is_exact(prefix) else self._tokenizer.encode(text)
-        return encodings
+        return self._encode_fast([text[:cut] for text in texts])
 
     def _embed_batch(self, encodings: list[Encoding], lengths: IntArray) -> FloatArray:
         """Run one padded batch through the model, then mean-pool and normalise."""
@@ -356,14 +351,6 @@ class OnnxEmbedder:
                 f"model {model_path} does not produce finite {DIMENSIONS}-d vectors "
                 f"(got shape {vectors.shape})"
             )
-
-
-def _prefix_is_exact(encoding: Encoding) -> bool:
-    """True when a truncated prefix's encoding has a later word than the last one it kept,
-    so every kept token came from a word the cut left whole."""
-    kept = [w for w in encoding.word_ids if w is not None]
-    later = [w for o in encoding.overflowing for w in o.word_ids if w is not None]
-    return bool(kept) and bool(later) and max(later) > max(kept)
 
 
 def load_embedder(settings: Settings) -> tuple[OnnxEmbedder | None, str | None]:
