@@ -73,7 +73,8 @@ async def _produce_big(
                 key=key,
                 value=value,
                 partition=partition,
-                headers=[("x-producer", b"bad-corpus")],
+                # A producer's own verdict, which must reach no output.
+                headers=[("x-producer", b"bad-corpus"), *SPOOFED_VERDICT],
             )
             for key, value, partition in records
         ]
@@ -81,6 +82,9 @@ async def _produce_big(
     finally:
         await producer.stop()
     return [(m.partition, m.offset) for m in sent]
+
+
+SPOOFED_VERDICT = [("kp-decision", b"accepted"), ("kp-score", b"1.0"), ("KP-Error-Kind", b"none")]
 
 
 class OutputReader:
@@ -256,6 +260,13 @@ def _check_outputs(
         out = found[0]
         if out.header("x-producer") != b"bad-corpus":
             problems.append(f"{key!r}: input header not kept")
+        names = [name for name, _ in out.headers]
+        spoofed = [n for n in names if n.lower().startswith("kp-") and names.count(n) > 1]
+        if spoofed or "KP-Error-Kind" in names:
+            problems.append(f"{key!r}: a producer's kp- headers reached the output: {names}")
+        decision = {env["KP_ACCEPTED_TOPIC"]: b"accepted", env["KP_REJECTED_TOPIC"]: b"rejected"}
+        if out.header("kp-decision") != decision.get(out.topic):
+            problems.append(f"{key!r}: kp-decision {out.header('kp-decision')!r} in {out.topic}")
         if kind == VALID:
             if out.topic not in (env["KP_ACCEPTED_TOPIC"], env["KP_REJECTED_TOPIC"]):
                 problems.append(f"{key!r}: valid trace went to {out.topic}")
