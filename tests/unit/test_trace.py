@@ -882,3 +882,13 @@ def test_digits_and_exponents_inside_strings_are_not_numbers() -> None:
     document = make_trace(metadata={"agent_id": "123456789012345678901234567890"})
     document["steps"][0]["content"] = "1e+30 and 12345678901234567890123 are written as text"
     parse_trace(orjson.dumps(document))
+
+
+@pytest.mark.parametrize("pluses", [0, 40, 5_000])  # looked at one by one, then all at once
+def test_an_integer_beyond_64_bits_is_found_after_any_number_of_plus_signs(pluses: int) -> None:
+    document = make_trace()
+    document["steps"][0]["content"] = "a+b " * pluses
+    parse_trace(orjson.dumps(document))
+    raw = orjson.dumps(document)[:-1] + b',"x_after":-123456789012345678901234567890}'
+    with pytest.raises(IntegerOutOfRangeError, match=r"^x_after: integer -1234"):
+        parse_trace(raw)

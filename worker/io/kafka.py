@@ -414,7 +414,7 @@ class Publisher:
         A record the broker refuses as too large is not retried as it is: it goes to the
         dead-letter topic without its value, pointing at the original (``_smaller``). One the
         client refuses to send is replaced in ``_send``; no record is retried as it was
-        refused, so none can stop the worker or make it fail again after a restart.
+        refused, so no input record can stop the worker at its offset on every restart.
         """
         pending = list(routed)
         delays = backoff(PUBLISH_RETRY_SECONDS)
