@@ -169,6 +169,9 @@ def test_partition_by_a_value_too_deep_to_serialise_does_not_crash() -> None:
         ("2025-01-15T12:00:00Z", FIXED_CREATED_AT_MS),
         ("2025-01-15T14:00:00+02:00", FIXED_CREATED_AT_MS),
         ("2025-01-15T12:00:00.001Z", FIXED_CREATED_AT_MS + 1),
+        ("2025-01-15t12:00:00z", FIXED_CREATED_AT_MS),  # RFC 3339 allows lower case
+        ("2016-12-31T23:59:60Z", 1_483_228_800_000),  # a leap second: 2017-01-01T00:00:00Z
+        ("2016-12-31T18:59:60.5-05:00", 1_483_228_800_500),
         # float seconds * 1000 would give ...080 for these
         ("2038-06-13T14:51:45.081000+00:00", 2_160_053_505_081),
         ("1833-10-11T17:10:41.397000+00:00", -4_298_770_158_603),

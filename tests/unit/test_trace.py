@@ -18,6 +18,7 @@ from worker.core.errors import (
     DuplicateKeyError,
     EmptyMessageError,
     EncodingError,
+    IntegerOutOfRangeError,
     InvalidJsonError,
     NotAnObjectError,
     SchemaViolationError,
@@ -314,8 +315,7 @@ def test_unknown_fields_are_tolerated_and_passed_through() -> None:
         "2025-01-15T12:00:00Z",
         "2025-01-15T12:00:00+02:00",
         "2025-01-15T12:00:00.123456+00:00",
-        "2025-01-15T12:00:00",
-        "2025-01-15 12:00:00",
+        "2025-01-15t12:00:00z",
     ],
 )
 def test_iso_timestamps_are_accepted(created_at: str) -> None:
@@ -423,6 +423,7 @@ def test_error_kinds_are_stable() -> None:
     assert DuplicateKeyError.kind == "duplicate_key"
     assert NotAnObjectError.kind == "not_object"
     assert SchemaViolationError.kind == "schema"
+    assert IntegerOutOfRangeError.kind == "integer_out_of_range"
     assert INPUT_ERROR_KINDS == (
         "empty",
         "too_large",
@@ -431,6 +432,7 @@ def test_error_kinds_are_stable() -> None:
         "duplicate_key",
         "not_object",
         "schema",
+        "integer_out_of_range",
     )
     for cls in (
         EmptyMessageError,
@@ -721,23 +723,38 @@ def test_shallowest_then_greatest_path_wins_in_a_big_trace() -> None:
     [
         ("2025-01-15T12:00:00Z", True),
         ("2025-01-15T12:00:00.123456+00:00", True),
-        ("2025-01-15T12:00:00", True),
-        ("2025-01-15 12:00:00", True),
-        ("2025-01-15T12", True),
-        ("20250115T120000", True),
-        ("2025-01-15T12:00:00 Z", True),
-        ("2025-01-15t12:00:00", False),
+        ("2025-01-15T12:00:00.123456789Z", True),
+        ("2025-03-01t12:00:00z", True),  # RFC 3339: T and Z may be lower case
+        ("2025-01-15T12:00:00-00:00", True),  # "offset unknown"
+        ("2025-01-15T12:00:00+23:59", True),
+        ("2016-12-31T23:59:60Z", True),  # a leap second
+        ("2016-12-31T18:59:60-05:00", True),  # the same one, at an offset
+        ("2024-02-29T00:00:00Z", True),
+        ("2025-01-15T12:00:00Z\u0000<script>", False),
+        ("2025-01-15T12:00:00Z\n", False),
+        ("2025-01-15T12:00:00Z ", False),
+        ("2025-01-15T12:00:00Zjunk", False),
+        ("2025-01-15T12:00:00", False),  # no offset
+        ("2025-01-15 12:00:00Z", False),
+        ("2025-01-15T12", False),
+        ("20250115T120000Z", False),
+        ("2025-01-15T12:00:00 Z", False),
+        ("2025-01-15T12:00:60Z", False),  # a leap second only at 23:59:60 UTC
+        ("2025-01-15T12:00:00+24:00", False),
+        ("2025-01-15T12:00:00.Z", False),
         ("2024-01-01", False),
         ("", False),
         ("T", False),
-        ("2025-13-01T00:00:00", False),
-        ("2025-02-30T00:00:00", False),
-        ("2025-01-15T12:00:00+25:00", False),
-        (" 2025-01-15T12:00:00", False),
+        ("2025-13-01T00:00:00Z", False),
+        ("2025-02-30T00:00:00Z", False),
+        ("2025-02-29T00:00:00Z", False),
+        (" 2025-01-15T12:00:00Z", False),
+        ("\uff12025-01-15T12:00:00Z", False),  # a fullwidth digit
     ],
 )
-def test_date_time_is_the_products_own_format(created_at: str, accepted: bool) -> None:
-    """Python's ISO parser with a time part, not RFC 3339: what the pure-Python check accepted."""
+def test_created_at_is_rfc_3339(created_at: str, accepted: bool) -> None:
+    """RFC 3339's date-time exactly, not Python's ISO parser (which takes ``2025-01-15 12``
+    and refuses a lower-case ``t``)."""
     raw = trace_bytes(metadata={"created_at": created_at})
     if accepted:
         parse_trace(raw)
@@ -803,3 +820,75 @@ def test_python_objects_json_cannot_hold_are_a_schema_error_not_a_crash() -> Non
     document["steps"][0]["content"] = {"a", "b"}
     with pytest.raises(SchemaViolationError, match="not a JSON document"):
         validate_trace(document)
+
+
+# --- integers beyond 64 bits --------------------------------------------------------------
+
+
+def raw_with(field: bytes, literal: bytes, where: str = "root") -> bytes:
+    """A valid trace with ``"field": literal`` written into it (as text: orjson cannot write
+    an integer beyond 64 bits)."""
+    raw = trace_bytes()
+    if where == "root":
+        return raw[:-1] + b',"' + field + b'":' + literal + b"}"
+    assert where == "step_id"
+    return raw.replace(b'"step_id":1', b'"step_id":' + literal, 1)
+
+
+@pytest.mark.parametrize(
+    "literal",
+    [
+        b"123456789012345678901234567890",
+        b"18446744073709551616",  # 2**64
+        b"-9223372036854775809",  # -2**63 - 1
+        b"9" * 5000,  # longer than Python's int() reads by default
+    ],
+)
+def test_an_integer_beyond_64_bits_in_an_unknown_field_is_refused_by_path(literal: bytes) -> None:
+    """orjson reads it as a float (1.2345678901234568e+29): passed through, it would change."""
+    raw = raw_with(b"x_counter", literal)
+    with pytest.raises(IntegerOutOfRangeError) as excinfo:
+        parse_trace(raw)
+    reason = excinfo.value.reason
+    assert reason.startswith(f"x_counter: integer {literal[:20].decode()}"), reason
+    assert "64-bit range" in reason and len(reason) < 200
+
+
+def test_an_integer_beyond_64_bits_deep_in_a_step_names_its_path() -> None:
+    raw = raw_with(b"step_id", b"123456789012345678901234567890", where="step_id")
+    with pytest.raises(IntegerOutOfRangeError, match=r"^steps\[1\]\.step_id: integer 1234"):
+        parse_trace(raw)
+    nested = trace_bytes().replace(b'"step_id":0', b'"step_id":0,"input":{"a":[1,2,-1e400]}')
+    nested = nested.replace(b"-1e400", b"-" + b"7" * 25)
+    with pytest.raises(IntegerOutOfRangeError, match=r"^steps\[0\]\.input\.a\[2\]: integer -777"):
+        parse_trace(nested)
+
+
+@pytest.mark.parametrize(
+    "literal",
+    [
+        b"18446744073709551615",  # 2**64 - 1
+        b"-9223372036854775808",  # -2**63
+        b"1e+30",  # a float, written as a float: passed on as orjson writes floats
+        b"12345678901234567890123.0",
+    ],
+)
+def test_integers_within_64_bits_and_floats_pass(literal: bytes) -> None:
+    document = parse_trace(raw_with(b"x_counter", literal)).document
+    assert orjson.dumps(document["x_counter"]) == orjson.dumps(orjson.loads(literal))
+
+
+def test_digits_and_exponents_inside_strings_are_not_numbers() -> None:
+    document = make_trace(metadata={"agent_id": "123456789012345678901234567890"})
+    document["steps"][0]["content"] = "1e+30 and 12345678901234567890123 are written as text"
+    parse_trace(orjson.dumps(document))
+
+
+@pytest.mark.parametrize("pluses", [0, 40, 5_000])  # looked at one by one, then all at once
+def test_an_integer_beyond_64_bits_is_found_after_any_number_of_plus_signs(pluses: int) -> None:
+    document = make_trace()
+    document["steps"][0]["content"] = "a+b " * pluses
+    parse_trace(orjson.dumps(document))
+    raw = orjson.dumps(document)[:-1] + b',"x_after":-123456789012345678901234567890}'
+    with pytest.raises(IntegerOutOfRangeError, match=r"^x_after: integer -1234"):
+        parse_trace(raw)

@@ -56,9 +56,16 @@ def _lookup(document: Any, dotted: str) -> Any:
 
 def _event_time_ms(document: Any) -> int:
     created = _lookup(document, "metadata.created_at")
+    if not isinstance(created, str):
+        return 0
+    # RFC 3339 allows a lower-case t and z, which fromisoformat refuses, and a leap second
+    # (23:59:60), which datetime cannot hold: it is read as the second after 23:59:59.
+    text, leap = created.upper(), timedelta(0)
+    if text[16:19] == ":60":
+        text, leap = f"{text[:17]}59{text[19:]}", timedelta(seconds=1)
     try:
-        moment = datetime.fromisoformat(created)
-    except (TypeError, ValueError):
+        moment = datetime.fromisoformat(text) + leap
+    except ValueError:
         return 0
     if moment.tzinfo is None:
         # A time without an offset is UTC, not this machine's zone: scores may not depend on

@@ -62,6 +62,13 @@ class SchemaViolationError(TraceError):
     kind = "schema"
 
 
+class IntegerOutOfRangeError(TraceError):
+    """An integer beyond 64 bits: the decoder would read it as a float, and the trace would be
+    published with another number than the one written."""
+
+    kind = "integer_out_of_range"
+
+
 class InternalScoringError(TraceError):
     """A valid trace that the scorer failed on: dead-lettered rather than lost."""
 
@@ -85,6 +92,7 @@ INPUT_ERROR_KINDS: tuple[str, ...] = tuple(
         DuplicateKeyError,
         NotAnObjectError,
         SchemaViolationError,
+        IntegerOutOfRangeError,
     )
 )
 # Every kind a dead letter can carry.

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from worker import __version__
-from worker.core.errors import OutputTooLargeError, TraceError
+from worker.core.errors import InternalScoringError, OutputTooLargeError, TraceError
 from worker.core.records import OTHER_DOMAIN, Decision, RoutedRecord, SourceRecord
 from worker.core.scoring import ScoreBreakdown
 from worker.core.trace import Trace
@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 
 HEADER_PREFIX = "kp-"
 DEFAULT_MAX_OUTPUT_BYTES = 2_097_152
+# On a dead letter whose input had a null key and that has a null value itself: its key is
+# empty instead (a record needs a key or a value), and this says the original's was null.
+KEY_NULL_HEADER = (f"{HEADER_PREFIX}key-null", b"true")
+
+_Headers = tuple[tuple[str, bytes], ...]
 
 
 def output_topics(settings: Settings) -> dict[Decision, str]:
@@ -98,13 +103,30 @@ def producer_headers(headers: tuple[tuple[str, bytes], ...]) -> tuple[tuple[str,
 
 def dead_letter(record: SourceRecord, error: TraceError) -> RoutedRecord:
     """Original bytes untouched; the why and the where in headers."""
+    return _dead_letter(
+        record,
+        error,
+        record.value,
+        (*producer_headers(record.headers), *dead_letter_headers(record, error)),
+    )
+
+
+def _dead_letter(
+    record: SourceRecord, error: TraceError, value: bytes | None, headers: _Headers
+) -> RoutedRecord:
+    """A dead letter that a Kafka client can publish: with neither key nor value (a tombstone
+    with a null key, or a value left out) it gets an empty key and ``kp-key-null``."""
+    empty_key = record.key is None and value is None
+    if empty_key:
+        headers = (*headers, KEY_NULL_HEADER)
     return RoutedRecord(
         source=record,
         decision=Decision.DEAD_LETTER,
-        value=record.value,
-        headers=(*producer_headers(record.headers), *dead_letter_headers(record, error)),
+        value=value,
+        headers=headers,
         domain_label=OTHER_DOMAIN,
         error=error,
+        empty_key=empty_key,
     )
 
 
@@ -134,18 +156,38 @@ def without_value(routed: RoutedRecord, limit: int) -> RoutedRecord:
         f"{size} bytes, over the {limit}-byte publish limit; read the original at the "
         f"source topic/partition/offset".encode(),
     )
-    return RoutedRecord(
-        source=routed.source,
-        decision=Decision.DEAD_LETTER,
-        value=None,
-        headers=(
-            *producer_headers(routed.source.headers),
-            *dead_letter_headers(routed.source, error),
-            omitted,
-        ),
-        domain_label=OTHER_DOMAIN,
-        error=error,
+    source = routed.source
+    return _dead_letter(
+        source,
+        error,
+        None,
+        (*producer_headers(source.headers), *dead_letter_headers(source, error), omitted),
     )
+
+
+def refused(routed: RoutedRecord, why: str) -> RoutedRecord:
+    """The least a dead letter can be, for a record the Kafka client refused to publish: the
+    scorer's headers alone (none of the input's), no value, the input's key (or an empty one).
+
+    Publishing the refused record again would be refused again, on every restart too; this
+    form holds nothing of the input a client could refuse. A dead letter keeps its error; a
+    scored output gets an ``internal`` one (a failure of the scorer's output, not of the input).
+    """
+    error = routed.error or InternalScoringError(
+        f"the Kafka client refused the {routed.decision.value} output: {why}"
+    )
+    omitted = (
+        f"{HEADER_PREFIX}value-omitted",
+        f"the Kafka client refused the record ({why}); value and input headers left out; read "
+        f"the original at the source topic/partition/offset".encode("utf-8", "replace"),
+    )
+    source = routed.source
+    return _dead_letter(source, error, None, (*dead_letter_headers(source, error), omitted))
+
+
+def is_refused_form(routed: RoutedRecord) -> bool:
+    """Whether ``routed`` is already as small as ``refused`` makes a record."""
+    return routed.value is None and not producer_headers(routed.headers)
 
 
 def source_json(record: SourceRecord) -> dict[str, Any]:
@@ -164,13 +206,16 @@ def too_large(routed: RoutedRecord, limit: int) -> bool:
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "HEADER_PREFIX",
+    "KEY_NULL_HEADER",
     "Mapping",
     "OutputTooLargeError",
     "dead_letter",
     "dead_letter_headers",
+    "is_refused_form",
     "output_topics",
     "prefixed_topics",
     "producer_headers",
+    "refused",
     "scored",
     "source_json",
     "without_value",

@@ -43,13 +43,16 @@ class RoutedRecord:
 
     source: SourceRecord
     decision: Decision
-    value: bytes | None  # None only for a dead-lettered tombstone, kept as it came
+    value: bytes | None  # None only for a dead letter: a tombstone, or a value left out
     headers: tuple[tuple[str, bytes], ...]
     domain_label: str
     breakdown: ScoreBreakdown | None = None
     error: TraceError | None = None
     trace_id: str | None = None
+    # A dead letter with a null value of a record with a null key: Kafka clients (aiokafka, the
+    # Java producer) refuse a record with neither key nor value, so it gets an empty key.
+    empty_key: bool = False
 
     @property
     def key(self) -> bytes | None:
-        return self.source.key
+        return b"" if self.empty_key else self.source.key

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -193,23 +192,18 @@ def _truncated(node: _Node, levels: int) -> dict[str, Any]:
     return out
 
 
-def _is_date_time(value: object) -> bool:
-    if not isinstance(value, str):
-        return True
-    try:
-        datetime.fromisoformat(value)
-    except ValueError:
-        return False
-    return "T" in value or " " in value
-
-
 def _not_checked(value: object) -> bool:
     return True
 
 
 @cache
 def _formats() -> dict[str, Callable[[object], bool]]:
-    """date-time as the product defines it; other formats stay annotations, as they were."""
+    """Formats the validator leaves as annotations: every one but date-time.
+
+    date-time is the validator's own check, RFC 3339 section 5.6 exactly (``T`` and ``Z`` in
+    either case, a leap second at 23:59:60 UTC, an offset up to 23:59), never a looser parser:
+    Python's ``datetime.fromisoformat`` takes ``2025-01-15 12`` and refuses ``t``/``z``.
+    """
     names: set[str] = set()
 
     def collect(schema: Any) -> None:
@@ -220,7 +214,7 @@ def _formats() -> dict[str, Callable[[object], bool]]:
                 collect(value)
 
     collect(_schema())
-    return {name: _is_date_time if name == "date-time" else _not_checked for name in names}
+    return {name: _not_checked for name in names - {"date-time"}}
 
 
 def _compile(schema: dict[str, Any]) -> jsonschema_rs.Validator:

@@ -3,8 +3,10 @@
 Each step costs time bounded by the size of the input, with a small constant, so that no
 message can stall a partition: orjson decodes; one orjson write-back of the result checks the
 nesting depth and, by counting colons, whether orjson silently dropped a repeated key (only
-then does the exact pass that names the key run, over the least of the input it can);
-:mod:`worker.core.schema` checks the rules of the schema file.
+then does the exact pass that names the key run, over the least of the input it can) and, by
+looking for exponents, whether it may have read an integer beyond 64 bits as a float (only then
+does a pass that reads the integers' own text run); :mod:`worker.core.schema` checks the rules
+of the schema file.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from worker.core.errors import (
     DuplicateKeyError,
     EmptyMessageError,
     EncodingError,
+    IntegerOutOfRangeError,
     InvalidJsonError,
     NotAnObjectError,
     TooLargeError,
@@ -810,12 +813,95 @@ def _raise_first_duplicate(raw: bytes, document: dict[str, Any], written: bytes)
             raise InvalidJsonError("not valid JSON: nesting too deep") from None
 
 
+# The integers orjson keeps as integers; any other it reads as the nearest float.
+_INT_RANGE = (-(2**63), 2**64 - 1)
+_INT_DIGITS = 20  # digits of the longest integer in range: a longer literal is out of it
+_PLUS = b"+"
+_PLUSES_LOOKED_AT = 32  # one at a time; past these, all of them at once with numpy
+
+
+def _may_hold_big_integer(written: bytes) -> bool:
+    """Whether orjson's text of a document may hold a float read from an integer beyond 64 bits.
+
+    Such a float is at least 2**63 in size, and orjson writes every float that large with an
+    exponent, ``9.2e+18``: a digit, ``e`` and ``+``. A "+" is rare in traces, and memchr finds
+    the next one at SIMD speed (~0.1 us for a 2 KB trace; a search for ``e+`` took ~3 us, a
+    tenth of a typical decode). Text that holds a digit, ``e+`` in a string, or a large float,
+    costs the exact pass.
+    """
+    at = written.find(_PLUS, 2)
+    for _ in range(_PLUSES_LOOKED_AT):
+        if at < 0:
+            return False
+        if written[at - 1] == ord("e") and written[at - 2] in b"0123456789":
+            return True
+        at = written.find(_PLUS, at + 1)
+    codes = np.frombuffer(written, dtype=np.uint8)
+    digit = (codes[:-2] - np.uint8(ord("0"))) < 10  # wraps below "0": one compare
+    return bool(np.any(digit & (codes[1:-1] == ord("e")) & (codes[2:] == ord("+"))))
+
+
+class _OutOfRange:
+    """An integer literal beyond 64 bits, where the exact pass read it."""
+
+    __slots__ = ("literal",)
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+def _exact_integer(literal: str) -> int | _OutOfRange:
+    digits = len(literal) - literal.startswith("-")
+    if digits > _INT_DIGITS:  # and never int() of it: Python limits int() to 4300 digits
+        return _OutOfRange(literal)
+    value = int(literal)
+    return value if _INT_RANGE[0] <= value <= _INT_RANGE[1] else _OutOfRange(literal)
+
+
+def _first_out_of_range(node: Any, path: str) -> tuple[str, str] | None:
+    """(JSON path, literal) of the first out-of-range integer in document order, if any."""
+    if isinstance(node, _OutOfRange):
+        return path or "(root)", node.literal
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found = _first_out_of_range(value, f"{path}.{key}" if path else key)
+            if found:
+                return found
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found = _first_out_of_range(value, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
+def _reject_big_integers(raw: bytes) -> None:
+    """Raise IntegerOutOfRangeError naming the first integer beyond 64 bits in ``raw``.
+
+    orjson reads such an integer as a float, so the trace would be published with another
+    number (123456789012345678901234567890 as 1.2345678901234568e+29) where unknown fields
+    are promised to pass through untouched. The exact pass reads the integers' own text.
+    """
+    with _gc_paused():
+        document = json.loads(raw, parse_int=_exact_integer)
+    found = _first_out_of_range(document, "")
+    if found is not None:
+        path, literal = found
+        digits = len(literal) - literal.startswith("-")
+        shown = literal if digits <= 40 else f"{literal[:20]}... ({digits} digits)"
+        raise IntegerOutOfRangeError(
+            f"{path}: integer {shown} is outside the 64-bit range "
+            f"({_INT_RANGE[0]} to {_INT_RANGE[1]}) and cannot be passed through exactly"
+        )
+
+
 def decode_json(
     raw: bytes | None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_containers: int = DEFAULT_MAX_CONTAINERS,
 ) -> Any:
-    """Strict JSON: UTF-8 without BOM, no NaN/Infinity, no duplicate keys, size-limited."""
+    """Strict JSON: UTF-8 without BOM, no NaN/Infinity, no duplicate keys, no integer beyond
+    64 bits (it would not be passed through exactly), size-limited."""
     if raw is None or len(raw) == 0:
         raise EmptyMessageError("message has no value (empty or tombstone)")
     if len(raw) > max_bytes:
@@ -833,6 +919,9 @@ def decode_json(
         message = str(exc)
         if "UTF-8" in message or "surrogate" in message:
             raise EncodingError(f"not valid UTF-8 JSON text: {message}") from None
+        if "infinity" in message:  # an integer too long even for a float: name its path
+            with suppress(ValueError, RecursionError):
+                _reject_big_integers(raw)
         raise InvalidJsonError(f"not valid JSON: {message}") from None
     if not isinstance(document, dict | list):
         return document
@@ -841,6 +930,8 @@ def decode_json(
         # The exact pass names the first duplicate key; it builds objects in Python, so it
         # runs only for input that has one.
         _raise_first_duplicate(raw, document, written)
+    if isinstance(document, dict) and _may_hold_big_integer(written):
+        _reject_big_integers(raw)
     return document
 
 

@@ -25,7 +25,8 @@ from aiokafka.errors import (
     UnsupportedVersionError,
 )
 
-from worker.core.output import output_topics, without_value
+from worker.core.errors import one_line
+from worker.core.output import is_refused_form, output_topics, refused, without_value
 from worker.core.records import Decision, RoutedRecord, SourceRecord
 from worker.retry import backoff
 from worker.settings import Settings
@@ -361,6 +362,14 @@ class Publisher:
         return self._topics[decision]
 
     async def _send(self, record: RoutedRecord) -> asyncio.Future[Any]:
+        """Hand one record to the producer.
+
+        A record the client refuses (too large; neither key nor value; anything it raises
+        that is not a KafkaError) would be refused again on every try and every restart: it
+        is replaced by a smaller dead letter (``_smaller``), and only a refusal of the
+        smallest form raises. A KafkaError other than a size one is the client's state (a
+        timeout, a stopped producer), not the record's: it propagates as before.
+        """
         try:
             return await self._producer.send(
                 self._topics[record.decision],
@@ -368,14 +377,44 @@ class Publisher:
                 key=record.key,
                 headers=list(record.headers),
             )
-        except MessageSizeTooLargeError:  # refused before sending: too large for the producer
-            return await self._send(without_value(record, self._max_output_bytes))
+        except MessageSizeTooLargeError as exc:  # refused before sending: too large
+            refusal: Exception = exc
+        except KafkaError:
+            raise
+        except Exception as exc:  # e.g. aiokafka's assertion on a record with no key or value
+            refusal = exc
+        smaller = self._smaller(record, refusal)
+        if smaller is None:
+            raise refusal
+        log.warning(
+            "the Kafka client refused a record; publishing a smaller dead letter instead",
+            extra={
+                "topic": record.source.topic,
+                "partition": record.source.partition,
+                "offset": record.source.offset,
+                "error": type(refusal).__name__,
+            },
+        )
+        return await self._send(smaller)
+
+    def _smaller(self, record: RoutedRecord, refusal: Exception) -> RoutedRecord | None:
+        """What to publish instead of a refused record: too large, the same without its value
+        (the input's headers kept); otherwise, or still refused, the least a dead letter can
+        be; None once that too was refused."""
+        too_large = isinstance(refusal, MessageSizeTooLargeError | RecordTooLargeError)
+        if too_large and record.value is not None:
+            return without_value(record, self._max_output_bytes)
+        if is_refused_form(record):
+            return None
+        return refused(record, f"{type(refusal).__name__}: {one_line(refusal)}"[:200])
 
     async def publish(self, routed: Sequence[RoutedRecord]) -> None:
         """Send all, then wait for every ack; retried until acknowledged (never dropped).
 
         A record the broker refuses as too large is not retried as it is: it goes to the
-        dead-letter topic without its value, pointing at the original.
+        dead-letter topic without its value, pointing at the original (``_smaller``). One the
+        client refuses to send is replaced in ``_send``; no record is retried as it was
+        refused, so no input record can stop the worker at its offset on every restart.
         """
         pending = list(routed)
         delays = backoff(PUBLISH_RETRY_SECONDS)
@@ -384,7 +423,7 @@ class Publisher:
             futures = [await self._send(record) for record in pending]
             results = await asyncio.gather(*futures, return_exceptions=True)
             failed = [
-                without_value(r, self._max_output_bytes)
+                (self._smaller(r, res) or r)
                 if isinstance(res, MessageSizeTooLargeError | RecordTooLargeError)
                 else r
                 for r, res in zip(pending, results, strict=True)

@@ -1,0 +1,146 @@
+"""Records any producer can send that the worker's own Kafka client refuses to publish as they
+are, through a real worker: each ends in exactly one output and none stops the worker.
+
+aiokafka (like the Java producer) refuses a record with neither key nor value, which librdkafka
+sends: a null-key tombstone's dead letter, or that of a null-key record too large to publish
+with its value, would crash the worker at the same offset on every restart, publishing the
+outputs of the records after it again each time.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import orjson
+import pytest
+from confluent_kafka import KafkaException, Producer
+from jsonschema import Draft202012Validator
+
+from worker.dev.process import WorkerProcess
+
+from support.kafka_helpers import create_topics
+from support.outputs import Output, collect_outputs
+from support.paths import EXAMPLES, REPO
+from support.workers import worker_topics
+
+MAX_MESSAGE_BYTES = 20_000
+MAX_OUTPUT_BYTES = 30_000  # a record is refused once its value and headers pass ~95 KB
+OVERSIZED = 200_000
+
+
+def _produce_any(
+    bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None]]
+) -> list[int]:
+    """(key, value) pairs to partition 0 with librdkafka, which sends a null key with a null
+    value; returns their offsets."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "message.max.bytes": 4 * OVERSIZED, "linger.ms": 5}
+    )
+    offsets: dict[int, int] = {}
+
+    def delivered(index: int):  # type: ignore[no-untyped-def]
+        def report(error: object, message: object) -> None:
+            if error is not None:
+                raise KafkaException(error)
+            offsets[index] = message.offset()  # type: ignore[attr-defined]
+
+        return report
+
+    for index, (key, value) in enumerate(records):
+        producer.produce(
+            topic,
+            value=value,
+            key=key,
+            partition=0,
+            headers=[("x-producer", b"poison")],
+            on_delivery=delivered(index),
+        )
+        producer.poll(0)
+    assert producer.flush(30) == 0, "records left unsent"
+    return [offsets[index] for index in range(len(records))]
+
+
+def _headers_schema() -> Draft202012Validator:
+    return Draft202012Validator(
+        orjson.loads((REPO / "schemas" / "dead-letter-headers.schema.json").read_bytes())
+    )
+
+
+@pytest.mark.broker
+def test_records_without_key_or_value_are_dead_lettered_and_the_worker_goes_on(
+    kafka_bootstrap: str,
+) -> None:
+    env, topics = worker_topics(
+        f"poison-{uuid.uuid4().hex[:8]}",
+        partitions=1,
+        KP_MAX_MESSAGE_BYTES=str(MAX_MESSAGE_BYTES),
+        KP_MAX_OUTPUT_BYTES=str(MAX_OUTPUT_BYTES),
+    )
+    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=1)
+    valid = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()][:6]
+    planned: list[tuple[str, bytes | None, bytes | None]] = [
+        ("valid first", b"v0", valid[0]),
+        ("null key, null value", None, None),
+        ("keyed tombstone", b"k-tomb", None),
+        ("null key, empty value", None, b""),
+        ("null key, too large to publish", None, b"x" * OVERSIZED),
+        ("null key, not JSON", None, b"not json"),
+        ("null key, valid trace", None, valid[1]),
+        *((f"valid after {i}", f"v{i}".encode(), valid[i]) for i in range(2, 6)),
+    ]
+
+    with WorkerProcess(kafka_bootstrap, **env) as worker:
+        worker.wait_for_event("scorer ready", timeout=90)
+        offsets = _produce_any(
+            kafka_bootstrap, env["KP_INPUT_TOPIC"], [(k, v) for _, k, v in planned]
+        )
+        try:
+            outputs = collect_outputs(
+                kafka_bootstrap, topics, {(0, offset) for offset in offsets}, timeout=60
+            )
+        except TimeoutError as exc:
+            pytest.fail(f"{exc}; worker alive: {worker.alive()}; log tail:\n{worker.tail(15)}")
+        alive = worker.alive()
+        events = [str(e.get("event")) for e in worker.events()]
+
+    assert alive, "no record may stop the worker"
+    assert events.count("scorer ready") == 1, "the worker must never restart"
+    assert not [e for e in events if "failed; stopping" in e or "Crashed" in e], events
+    by_offset: dict[int, list[Output]] = {}
+    for output in outputs:
+        by_offset.setdefault(output.source_offset, []).append(output)
+    assert sorted(by_offset) == sorted(offsets), "no output of anything else"
+    found = {}
+    for (name, _, _), offset in zip(planned, offsets, strict=True):
+        assert len(by_offset[offset]) == 1, f"{name}: {len(by_offset[offset])} outputs"
+        found[name] = by_offset[offset][0]
+        assert found[name].headers.get("x-producer") == b"poison", f"{name}: input header lost"
+
+    def dead(name: str, kind: str) -> Output:
+        output = found[name]
+        assert output.decision == "dead_letter", name
+        assert output.headers["kp-error-kind"] == kind.encode(), name
+        errors = list(
+            _headers_schema().iter_errors({k: v.decode() for k, v in output.headers.items()})
+        )
+        assert not errors, f"{name}: {errors[0].message}"
+        return output
+
+    # Neither key nor value: a null value still (a tombstone stays one), an empty key, and a
+    # header saying the key was null.
+    nothing = dead("null key, null value", "empty")
+    assert (nothing.key, nothing.value, nothing.headers.get("kp-key-null")) == (b"", None, b"true")
+    too_large = dead("null key, too large to publish", "too_large")
+    assert (too_large.key, too_large.value) == (b"", None)
+    assert too_large.headers["kp-key-null"] == b"true"
+    assert b"publish limit" in too_large.headers["kp-value-omitted"]
+    # A key or a value of their own: kept exactly as they came, no kp-key-null.
+    tombstone = dead("keyed tombstone", "empty")
+    assert (tombstone.key, tombstone.value) == (b"k-tomb", None)
+    empty = dead("null key, empty value", "empty")
+    not_json = dead("null key, not JSON", "invalid_json")
+    assert (empty.key, empty.value, not_json.key, not_json.value) == (None, b"", None, b"not json")
+    assert not any("kp-key-null" in o.headers for o in (tombstone, empty, not_json))
+    scored = [o for name, o in found.items() if "valid" in name]
+    assert all(o.decision in ("accepted", "rejected") for o in scored)
+    assert found["null key, valid trace"].key is None

@@ -1,0 +1,134 @@
+"""What the publisher does with a record its Kafka client refuses: a smaller dead letter that
+can be published, never the same record again (which would stop the worker at that offset on
+every restart); the client's own failures (timeouts) still propagate as before."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
+
+from worker.core.errors import EmptyMessageError
+from worker.core.output import KEY_NULL_HEADER, dead_letter, without_value
+from worker.core.records import Decision, RoutedRecord, SourceRecord
+from worker.io.kafka import Publisher
+from worker.settings import load_settings
+
+from support.traces import trace_bytes
+
+
+class RecordingProducer:
+    """Accepts what aiokafka's producer accepts, recording it; ``refuse`` may raise instead."""
+
+    def __init__(self, refuse: Any = None) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.refuse = refuse or (lambda **record: None)
+
+    async def send(self, topic: str, value: Any = None, key: Any = None, headers: Any = None):  # type: ignore[no-untyped-def]
+        if value is None and key is None:
+            raise AssertionError("Need at least one: key or value")  # aiokafka 0.14's check
+        self.refuse(topic=topic, value=value, key=key, headers=headers)
+        self.sent.append({"topic": topic, "value": value, "key": key, "headers": dict(headers)})
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+def publish(routed: list[RoutedRecord], producer: RecordingProducer) -> list[dict[str, Any]]:
+    async def run() -> None:
+        publisher = Publisher(load_settings())  # its aiokafka producer needs a running loop
+        publisher._producer = producer  # type: ignore[assignment]
+        await publisher.publish(routed)
+
+    asyncio.run(run())
+    return producer.sent
+
+
+def record(key: bytes | None, value: bytes | None, offset: int = 5) -> SourceRecord:
+    return SourceRecord("raw", 0, offset, 1, key, value, (("x-producer", b"p"),))
+
+
+def scored_output(key: bytes | None = None) -> RoutedRecord:
+    source = record(key, trace_bytes())
+    return RoutedRecord(source, Decision.ACCEPTED, b'{"trace":{}}', source.headers, "other")
+
+
+def test_aiokafka_refuses_a_record_with_neither_key_nor_value() -> None:
+    """The premise: what librdkafka and Java producers send, aiokafka cannot publish."""
+
+    async def send() -> None:
+        await AIOKafkaProducer(bootstrap_servers="127.0.0.1:9").send("t", value=None, key=None)
+
+    with pytest.raises(AssertionError):
+        asyncio.run(send())
+
+
+def test_a_null_key_tombstone_is_dead_lettered_with_an_empty_key() -> None:
+    routed = dead_letter(record(None, None), EmptyMessageError("message has no value"))
+    (sent,) = publish([routed], RecordingProducer())
+    assert (sent["key"], sent["value"]) == (b"", None)
+    assert sent["headers"]["kp-key-null"] == b"true" and sent["headers"]["x-producer"] == b"p"
+    assert sent["headers"]["kp-error-kind"] == b"empty"
+
+
+def test_a_dead_letter_with_a_key_or_a_value_is_published_as_it_came() -> None:
+    error = EmptyMessageError("message has no value")
+    keyed, empty = dead_letter(record(b"k", None), error), dead_letter(record(None, b""), error)
+    sent = publish([keyed, empty], RecordingProducer())
+    assert [(s["key"], s["value"]) for s in sent] == [(b"k", None), (None, b"")]
+    assert not any(KEY_NULL_HEADER[0] in s["headers"] for s in sent)
+
+
+def test_a_null_key_record_too_large_to_publish_loses_its_value_not_its_key_being_null() -> None:
+    routed = without_value(scored_output(key=None), 100)
+    assert routed.value is None and routed.key == b"" and KEY_NULL_HEADER in routed.headers
+
+    def too_large(value: Any, **_: Any) -> None:
+        if value is not None:
+            raise MessageSizeTooLargeError("too large for the producer")
+
+    (sent,) = publish([scored_output(key=None)], RecordingProducer(too_large))
+    assert (sent["key"], sent["value"]) == (b"", None)
+    assert sent["headers"]["kp-error-kind"] == b"output_too_large"
+    assert sent["topic"] == load_settings().dead_letter_topic
+
+
+def test_any_other_refusal_gives_the_least_dead_letter_once_and_the_rest_go_on() -> None:
+    """A refusal that is not a KafkaError (a TypeError here) concerns the record: it is not
+    sent again as it is, and the records around it are published."""
+
+    def refuse_producer_headers(headers: Any, **_: Any) -> None:
+        if any(name == "x-producer" for name, _ in headers):
+            calls.append(1)
+            raise TypeError("header refused")
+
+    calls: list[int] = []
+    first, refused_one, last = scored_output(b"a"), scored_output(b"b"), scored_output(b"c")
+    sent = publish([first, refused_one, last], RecordingProducer(refuse_producer_headers))
+    assert len(calls) == 3, "each record tried once as it was"
+    assert len(sent) == 3
+    for out, key in zip(sent, (b"a", b"b", b"c"), strict=True):
+        assert out["key"] == key and out["value"] is None
+        assert out["topic"] == load_settings().dead_letter_topic
+        assert out["headers"]["kp-error-kind"] == b"internal"
+        assert b"TypeError: header refused" in out["headers"]["kp-value-omitted"]
+        assert "x-producer" not in out["headers"], "nothing of the input but its key"
+
+
+def test_a_refusal_of_the_least_dead_letter_raises_instead_of_looping() -> None:
+    def refuse_all(**_: Any) -> None:
+        raise ValueError("refused")
+
+    with pytest.raises(ValueError, match="refused"):
+        publish([scored_output(b"a")], RecordingProducer(refuse_all))
+
+
+def test_the_clients_own_failures_propagate_as_before() -> None:
+    def time_out(**_: Any) -> None:
+        raise KafkaTimeoutError("buffer full")
+
+    with pytest.raises(KafkaTimeoutError):
+        publish([scored_output(b"a")], RecordingProducer(time_out))
