@@ -206,7 +206,8 @@ def test_a_stop_acknowledges_nothing_the_broker_did_not_take() -> None:
         pending = await pipeline.submit(
             first, acknowledgements=[ledger.acknowledgement(r) for r in first]
         )
-        await asyncio.sleep(0.2)  # offset 0 is published; 1 and 2 wait on the broker
+        while ("published", (0, 0)) not in ledger.events:  # 1 and 2 wait on the broker
+            await asyncio.sleep(0.01)
         await pipeline.close(timeout=0.2)
         late = await pipeline.submit(
             later, acknowledgements=[ledger.acknowledgement(r) for r in later]
