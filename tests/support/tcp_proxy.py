@@ -3,7 +3,9 @@
 It runs its own asyncio loop in a daemon thread, so synchronous tests (and the worker
 subprocesses they start) can use it. ``cut()`` aborts every open connection (the peers see
 a reset) and stops listening, so new connections are refused until ``restore()`` listens
-again on the same port.
+again on the same port. ``hold(api_key)`` keeps client requests of one Kafka API (produce,
+say) from the broker, each connection's later requests queued behind them, until
+``release()``; held requests of a connection cut meanwhile are dropped, never sent.
 
 Kafka clients connect to the address a broker advertises, not to the bootstrap address, so
 to put a proxy between a client and a broker the broker must advertise the proxy's address
@@ -24,6 +26,7 @@ from worker.dev.process import free_loopback_port
 T = TypeVar("T")
 LOOPBACK = "127.0.0.1"
 CHUNK = 65_536
+PRODUCE = 0  # Kafka API key of a produce request
 
 
 class TcpProxy:
@@ -36,6 +39,9 @@ class TcpProxy:
         self.refused_since: float | None = None
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._held_api_keys: frozenset[int] = frozenset()
+        self._released: asyncio.Event | None = None
+        self.held_requests = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
@@ -68,6 +74,14 @@ class TcpProxy:
         self.restore()
         return cut
 
+    def hold(self, *api_keys: int) -> None:
+        """Keep requests of these Kafka APIs from the broker until :meth:`release`."""
+        self._call(self._hold(frozenset(api_keys)))
+
+    def release(self) -> None:
+        """Send the held requests (of connections still open) and hold nothing more."""
+        self._call(self._hold(frozenset()))
+
     @property
     def open_connections(self) -> int:
         return len(self._writers) // 2
@@ -99,6 +113,15 @@ class TcpProxy:
                 await asyncio.sleep(0.05)
         self.refused_since = None
 
+    async def _hold(self, api_keys: frozenset[int]) -> None:
+        if self._released is None:
+            self._released = asyncio.Event()
+        self._held_api_keys = api_keys
+        if api_keys:
+            self._released.clear()
+        else:
+            self._released.set()
+
     async def _cut(self) -> int:
         if self._server is not None:
             self._server.close()
@@ -122,8 +145,29 @@ class TcpProxy:
             return
         self._writers.update((client, upstream))
         await asyncio.gather(
-            self._pipe(client_reader, upstream), self._pipe(upstream_reader, client)
+            self._requests(client_reader, upstream), self._pipe(upstream_reader, client)
         )
+
+    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Client to broker, one Kafka request (int32 size, then int16 API key ...) at a time."""
+        try:
+            while True:
+                size = await reader.readexactly(4)
+                request = await reader.readexactly(int.from_bytes(size, "big", signed=True))
+                api_key = int.from_bytes(request[:2], "big", signed=True)
+                if api_key in self._held_api_keys and self._released is not None:
+                    self.held_requests += 1
+                    await self._released.wait()
+                if writer.transport.is_closing():  # cut while held: dropped, never sent
+                    return
+                writer.write(size + request)
+                await writer.drain()
+        except (ConnectionError, OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -225,6 +225,25 @@ def test_ttl_boundary_in_batch_queries() -> None:
     assert other.query_then_add_batch(np.stack([E1, E2, E1]), [0, 50, 101]) == [None, 0.0, 0.0]
 
 
+def test_a_batch_sees_stored_entries_up_to_their_ttl_and_capacity_boundaries() -> None:
+    """The live path (query_then_add_batch) against entries stored before the batch: an
+    entry exactly TTL old is live and one millisecond older is not; a full cache still
+    holds its oldest entry for the first query, and the batch's own first add evicts it."""
+    on_time = VectorCache(10, DIMS, ttl_ms=100)
+    on_time.add(E0, 1000)
+    assert on_time.query_then_add_batch(np.stack([E0]), [1100]) == [1.0]
+    late = VectorCache(10, DIMS, ttl_ms=100)
+    late.add(E0, 1000)
+    assert late.query_then_add_batch(np.stack([E0]), [1101]) == [None]
+
+    full = VectorCache(2, DIMS)
+    full.add_batch(np.stack([E0, E1]), [0, 1])
+    assert full.query_then_add_batch(np.stack([E0]), [2]) == [1.0]
+    full = VectorCache(2, DIMS)
+    full.add_batch(np.stack([E0, E1]), [0, 1])
+    assert full.query_then_add_batch(np.stack([E2, E0]), [2, 3]) == [0.0, 0.0]
+
+
 def test_only_expired_entries_means_none() -> None:
     cache = VectorCache(10, DIMS, ttl_ms=10)
     cache.add_batch(np.stack([E0, E1]), [0, 5])

@@ -1,0 +1,7 @@
+"""``python -m tests.mutants``: see :mod:`tests.mutants.runner`."""
+
+import sys
+
+from .runner import main
+
+sys.exit(main())

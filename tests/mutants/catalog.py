@@ -1,0 +1,338 @@
+"""The product's promises, a named mutant that breaks each one, and the tests that guard it.
+
+Each mutant is one exact text replacement in one file: ``old`` must occur exactly once there,
+so a mutant that no longer applies (the code moved or changed) is reported, never skipped.
+``tests`` are pytest node ids (file or test) run against the mutated copy, the fastest first;
+the first of them to fail kills the mutant. When you move guarded code, move its mutant with
+it: ``python -m tests.mutants --check`` says which no longer apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+AT_LEAST_ONCE_UNIT = "tests/unit/test_at_least_once.py"
+AT_LEAST_ONCE_BROKER = "tests/chaos/test_at_least_once_broker.py"
+CACHE_BOUNDARIES = (
+    "tests/unit/test_cache.py::"
+    "test_a_batch_sees_stored_entries_up_to_their_ttl_and_capacity_boundaries"
+)
+BROKER_KILL = f"{AT_LEAST_ONCE_BROKER}::test_a_kill_while_outputs_wait_on_the_broker_loses_nothing"
+BROKER_SIGTERM = (
+    f"{AT_LEAST_ONCE_BROKER}::test_a_sigterm_while_outputs_wait_on_the_broker_commits_none_of_them"
+)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A change that breaks ``promise``; ``tests`` must fail on it."""
+
+    name: str
+    promise: str
+    path: str  # relative to the repository root
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    why: str  # what the mutant does, in product terms
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        name="acknowledge-before-publish",
+        promise="An input offset is acknowledged (and committed) only after the broker "
+        "acknowledged its output",
+        path="worker/stream/processor.py",
+        old="""\
+            await self.publisher.publish(routed)
+            acked = time.monotonic()
+            if job.acknowledge is not None:
+                await job.acknowledge()
+""",
+        new="""\
+            if job.acknowledge is not None:
+                await job.acknowledge()
+            await self.publisher.publish(routed)
+            acked = time.monotonic()
+""",
+        tests=(AT_LEAST_ONCE_UNIT, BROKER_KILL),
+        why="acknowledges the input offset before publishing its output",
+    ),
+    Mutant(
+        name="acknowledge-a-failed-publish",
+        promise="An input offset is acknowledged (and committed) only after the broker "
+        "acknowledged its output",
+        path="worker/stream/processor.py",
+        old="""\
+            await self.publisher.publish(routed)
+            acked = time.monotonic()
+""",
+        new="""\
+            try:
+                await self.publisher.publish(routed)
+            except ConnectionError:
+                log.warning("publish failed; going on")
+            acked = time.monotonic()
+""",
+        tests=(AT_LEAST_ONCE_UNIT,),
+        why="swallows a publish error and acknowledges the offset anyway",
+    ),
+    Mutant(
+        name="redelivered-acknowledged-at-once",
+        promise="An input offset is acknowledged (and committed) only after the broker "
+        "acknowledged its output",
+        path="worker/stream/processor.py",
+        old="""\
+        await asyncio.gather(*waiting, return_exceptions=True)
+        await acknowledge()
+""",
+        new="""\
+        await acknowledge()
+""",
+        tests=(AT_LEAST_ONCE_UNIT,),
+        why="acknowledges a redelivered offset while its first delivery still waits on the broker",
+    ),
+    Mutant(
+        name="consumer-acknowledges-on-receipt",
+        promise="An input offset is acknowledged (and committed) only after the broker "
+        "acknowledged its output",
+        path="worker/io/app.py",
+        old="manual = stream.noack()",
+        new="manual = stream",
+        tests=(BROKER_KILL,),
+        why="lets faust acknowledge each record as the next one is taken, before its "
+        "output is published",
+    ),
+    Mutant(
+        name="abandoned-records-acknowledged",
+        promise="A SIGTERM commits nothing that was not published",
+        path="worker/stream/processor.py",
+        old="""\
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+""",
+        new="""\
+            if isinstance(exc, asyncio.CancelledError):
+                if job.acknowledge is not None:
+                    await job.acknowledge()
+                raise
+""",
+        tests=(
+            f"{AT_LEAST_ONCE_UNIT}::test_a_stop_acknowledges_nothing_the_broker_did_not_take",
+            BROKER_SIGTERM,
+        ),
+        why="acknowledges the records a stop abandons while they wait on the broker",
+    ),
+    Mutant(
+        name="records-after-the-stop-acknowledged",
+        promise="A SIGTERM commits nothing that was not published",
+        path="worker/stream/processor.py",
+        old="""\
+                job.published.set_result(None)
+                continue
+""",
+        new="""\
+                job.published.set_result(None)
+                if job.acknowledge is not None:
+                    await job.acknowledge()
+                continue
+""",
+        tests=(f"{AT_LEAST_ONCE_UNIT}::test_a_stop_acknowledges_nothing_the_broker_did_not_take",),
+        why="acknowledges records handed over after the stop began, unscored",
+    ),
+    Mutant(
+        name="unconfirmed-commit-taken-as-confirmed",
+        promise="A stop exits 75 when the commits of published records are unconfirmed",
+        path="worker/io/shutdown.py",
+        old="return offset is not None and offset >= position",
+        new="return offset is None or offset >= position",
+        tests=(
+            "tests/unit/test_outage_logging.py::"
+            "test_a_stop_is_clean_only_when_every_published_offset_is_confirmed_committed",
+        ),
+        why="counts a partition with no committed offset as committed",
+    ),
+    Mutant(
+        name="unconfirmed-stop-exits-0",
+        promise="A stop exits 75 when the commits of published records are unconfirmed",
+        path="worker/io/app.py",
+        old="""\
+        if self.app.left_uncommitted:  # type: ignore[attr-defined]
+            raise SystemExit(EXIT_DEADLINE)
+""",
+        new="""\
+        if self.app.left_uncommitted:  # type: ignore[attr-defined]
+            return
+""",
+        tests=(f"{AT_LEAST_ONCE_UNIT}::test_a_stop_that_cannot_confirm_its_commits_exits_75",),
+        why="exits 0 although published records' offsets may not be committed",
+    ),
+    Mutant(
+        name="delivered-record-taken-for-redelivered",
+        promise="Every input record ends in exactly one output (none lost)",
+        path="worker/stream/partitions.py",
+        old="if record.offset < expected:",
+        new="if record.offset <= expected:",
+        tests=("tests/unit/test_stream.py",),
+        why="skips the record at the next expected offset as if it had been scored",
+    ),
+    Mutant(
+        name="redelivered-record-scored-again",
+        promise="Every input record ends in exactly one output (none twice, short of a crash)",
+        path="worker/stream/partitions.py",
+        old="""\
+                    admitted.redelivered.append(record)  # its embedding is in the cache
+                    continue
+""",
+        new="""\
+                    admitted.redelivered.append(record)  # its embedding is in the cache
+""",
+        tests=("tests/unit/test_stream.py::test_redelivered_records_are_not_scored_twice",),
+        why="scores and publishes a redelivered record a second time",
+    ),
+    Mutant(
+        name="scoring-bug-drops-the-record",
+        promise="Every input record ends in exactly one output (a scoring bug dead-letters)",
+        path="worker/core/scorer.py",
+        old='return dead_letter(record, InternalScoringError(f"scoring failed: {exc!r}"[:300]))',
+        new="raise",
+        tests=("tests/unit/test_pipeline.py::test_internal_error_is_dead_lettered_not_lost",),
+        why="lets a scoring bug escape instead of dead-lettering the record",
+    ),
+    Mutant(
+        name="gap-not-read-from-the-log",
+        promise="Records the consumer skipped are read from the log and scored",
+        path="worker/stream/partitions.py",
+        old="admitted.to_score += [(missed, False) for missed in gap]",
+        new="del gap",
+        tests=(
+            "tests/unit/test_stream.py::test_gap_before_first_delivery_is_read_from_the_log",
+            "tests/unit/test_stream.py::test_gap_inside_and_between_batches",
+        ),
+        why="reads the skipped records but never scores them",
+    ),
+    Mutant(
+        name="takeover-without-rebuild",
+        promise="A worker taking over a partition rebuilds its cache from the records "
+        "before the committed offset",
+        path="worker/stream/partitions.py",
+        old="            await self.rebuild_cache(tp, start)\n",
+        new="            pass\n",
+        tests=(
+            "tests/unit/test_stream.py::"
+            "test_takeover_rebuilds_the_cache_from_before_the_committed_offset",
+        ),
+        why="starts a taken-over partition with an empty novelty cache",
+    ),
+    Mutant(
+        name="revoked-cache-kept",
+        promise="A revoked partition's cache is dropped",
+        path="worker/stream/partitions.py",
+        old="""\
+            self._last_scored.pop(tp, None)
+            self.scorer.caches.drop(tp)
+            self.observer.partition_forgotten(tp)
+""",
+        new="""\
+            self._last_scored.pop(tp, None)
+            self.observer.partition_forgotten(tp)
+""",
+        tests=(
+            "tests/unit/test_stream.py::test_partition_revoked_while_scoring_leaves_no_state",
+            "tests/unit/test_stream.py::test_failed_publish_forgets_the_partition_and_raises",
+        ),
+        why="keeps the novelty cache of a partition this worker no longer owns",
+    ),
+    Mutant(
+        name="ttl-boundary-exclusive",
+        promise="Event-time TTL: an entry exactly TTL old is still live",
+        path="worker/core/cache.py",
+        old="held &= (times[None, :] - self._times[self._slots()][:, None]) <= self.ttl_ms",
+        new="held &= (times[None, :] - self._times[self._slots()][:, None]) < self.ttl_ms",
+        tests=(CACHE_BOUNDARIES, "tests/unit/test_cache.py"),
+        why="expires a cached vector one millisecond early",
+    ),
+    Mutant(
+        name="capacity-off-by-one",
+        promise="Capacity: the cache holds exactly the last `capacity` vectors",
+        path="worker/core/cache.py",
+        old="held = self._age_rank()[:, None] >= (n + position - self.max_elements)[None, :]",
+        new="held = self._age_rank()[:, None] > (n + position - self.max_elements)[None, :]",
+        tests=(CACHE_BOUNDARIES, "tests/unit/test_cache.py"),
+        why="evicts the oldest vector one trace too soon",
+    ),
+    Mutant(
+        name="threshold-exclusive",
+        promise="A trace is accepted when score >= threshold",
+        path="worker/core/scorer.py",
+        old="Decision.ACCEPTED if breakdown.score >= threshold else Decision.REJECTED",
+        new="Decision.ACCEPTED if breakdown.score > threshold else Decision.REJECTED",
+        tests=("tests/unit/test_pipeline.py::test_score_equal_to_threshold_is_accepted",),
+        why="rejects a trace scoring exactly the threshold",
+    ),
+    Mutant(
+        name="error-recovery-bonus-at-two",
+        promise="Scoring: the error-recovery bonus needs more than 2 recoveries",
+        path="worker/core/scoring.py",
+        old="if error_recoveries > 2 and trace.success:",
+        new="if error_recoveries >= 2 and trace.success:",
+        tests=("tests/unit/test_scoring.py",),
+        why="gives the bonus to a trace with exactly 2 error recoveries",
+    ),
+    Mutant(
+        name="dead-letter-value-rewritten",
+        promise="A dead letter keeps the original bytes (a tombstone stays a tombstone)",
+        path="worker/core/output.py",
+        old="""\
+        decision=Decision.DEAD_LETTER,
+        value=record.value,
+""",
+        new="""\
+        decision=Decision.DEAD_LETTER,
+        value=record.value or b"",
+""",
+        tests=("tests/unit/test_pipeline.py::test_dead_letter_keeps_bytes_and_explains",),
+        why="publishes an empty value for a tombstone",
+    ),
+    Mutant(
+        name="dead-letter-headers-replaced",
+        promise="A dead letter keeps the original headers",
+        path="worker/core/output.py",
+        old="headers=(*producer_headers(record.headers), *dead_letter_headers(record, error)),",
+        new="headers=dead_letter_headers(record, error),",
+        tests=("tests/unit/test_pipeline.py::test_dead_letter_keeps_bytes_and_explains",),
+        why="drops the producer's headers from a dead letter",
+    ),
+    Mutant(
+        name="dead-letter-key-dropped",
+        promise="A dead letter keeps the original key",
+        path="worker/core/records.py",
+        old="""\
+    def key(self) -> bytes | None:
+        return self.source.key
+""",
+        new="""\
+    def key(self) -> bytes | None:
+        return None if self.error is not None else self.source.key
+""",
+        tests=("tests/unit/test_pipeline.py::test_dead_letter_keeps_bytes_and_explains",),
+        why="publishes dead letters without their key",
+    ),
+    Mutant(
+        name="kp-headers-case-sensitive",
+        promise="Headers starting with kp- (any case) are the scorer's alone",
+        path="worker/core/output.py",
+        old="return tuple(h for h in headers if not h[0].lower().startswith(HEADER_PREFIX))",
+        new="return tuple(h for h in headers if not h[0].startswith(HEADER_PREFIX))",
+        tests=("tests/unit/test_pipeline.py::test_producer_kp_headers_never_reach_an_output",),
+        why="lets a producer's KP-Score header through to an output",
+    ),
+    Mutant(
+        name="domain-label-unbounded",
+        promise="Domain labels are bounded: configured profiles plus `other`",
+        path="worker/core/scorer.py",
+        old="return domain if domain in self.profiles.names else OTHER_DOMAIN",
+        new="return domain or OTHER_DOMAIN",
+        tests=("tests/unit/test_pipeline.py::test_domain_labels_are_bounded",),
+        why="labels metrics with whatever domain a producer sends",
+    ),
+)
