@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 
@@ -62,6 +63,50 @@ def test_lag_of_a_backlog_found_on_assignment_and_of_revoked_partitions() -> Non
     lag.assigned([])
     lag.started(TP, 0)
     assert lag.snapshot() == [], "partitions not owned are ignored"
+
+
+def test_a_timestamp_ahead_of_the_clock_counts_as_now_and_is_reported() -> None:
+    clock = Clock()
+    lag = PartitionLag(clock)
+    lag.assigned([TP])
+    lag.started(TP, 0)
+    lag.log_ends({TP: 1})
+    hour_ahead = int((clock.now + 3_600) * 1000)
+    assert lag.finished(TP, 0, timestamp_ms=hour_ahead) is True
+    assert lag.snapshot() == [Lag("in", 0, 0, 0.0)]
+    clock.now += 2
+    lag.log_ends({TP: 4})  # three records arrive and wait
+    clock.now += 10
+    assert lag.snapshot() == [Lag("in", 0, 3, 12.0)], "behind since the hour-ahead one was scored"
+    assert lag.finished(TP, 1, timestamp_ms=int((clock.now - 5) * 1000)) is False
+    assert lag.snapshot() == [Lag("in", 0, 2, 5.0)], "the next record's real time counts"
+    clock.now += 3
+    assert lag.finished(TP, 2, timestamp_ms=int((clock.now + 0.5) * 1000)) is False, (
+        "a clock half a second fast is within tolerance"
+    )
+    clock.now += 4
+    assert lag.snapshot() == [Lag("in", 0, 1, 4.0)], "and still counts as now"
+
+
+def test_the_observer_counts_future_timestamps() -> None:
+    from prometheus_client import REGISTRY
+
+    from worker.core.errors import EmptyMessageError
+    from worker.core.output import dead_letter
+    from worker.core.records import SourceRecord
+
+    def counted() -> float:
+        return REGISTRY.get_sample_value("kp_future_timestamps_total") or 0.0
+
+    observer = MetricsObserver()
+    observer.partitions_assigned([TP])
+    before = counted()
+    for ahead_s, offset in ((3_600, 0), (0, 1), (-60, 2)):
+        ts = int((time.time() + ahead_s) * 1000)
+        record = SourceRecord("in", 0, offset, ts, None, None)
+        routed = dead_letter(record, EmptyMessageError("empty"))
+        observer.record_published(routed, (), 0.01, None, False, None)
+    assert counted() - before == 1
 
 
 def test_a_lone_offset_no_record_fills_stops_counting_as_waiting() -> None:

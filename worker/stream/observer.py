@@ -126,7 +126,8 @@ class MetricsObserver:
             metrics.budget_breaches.inc()
         source = routed.source
         topic, partition = source.topic, str(source.partition)
-        self.lag.finished(source.topic_partition, source.offset, source.timestamp_ms)
+        if self.lag.finished(source.topic_partition, source.offset, source.timestamp_ms):
+            metrics.future_timestamps.inc()
         if age_seconds is not None:
             metrics.end_to_end_latency.observe(age_seconds)
         if reused_vector:
