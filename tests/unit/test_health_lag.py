@@ -197,7 +197,12 @@ def test_endpoints_answer_from_the_health_state_and_lag_is_exported_at_scrape_ti
         assert status == 503 and orjson.loads(body)["checks"]["scorer"] == "starting"
         split_runs = [3]
         observer.embedder_loaded("model-x", None, lambda: split_runs[0])
+        status, body = get("/readyz")
+        assert status == 503 and orjson.loads(body)["checks"]["broker"].startswith("never reached")
+        assert "kp_broker_reachable 0.0" in get("/metrics")[1].decode()
+        observer.broker_reached()
         assert get("/readyz")[0] == 200
+        assert "kp_broker_reachable 1.0" in get("/metrics")[1].decode()
         assert get("/healthz")[0] == 200
         status, body = get("/metrics")
         text = body.decode()

@@ -103,8 +103,8 @@ fetch_pauses = Counter(
 
 broker_reachable = Gauge(
     "kp_broker_reachable",
-    "1 while the broker answers the worker (fetches, publishes, the input topic probe), "
-    "0 from the first failed probe until anything succeeds again",
+    "1 while the broker answers the worker (start-up, fetches, publishes, the input topic "
+    "probe); 0 until it has answered once, and from a failed request until one succeeds again",
 )
 seconds_since_last_fetch = Gauge(
     "kp_seconds_since_last_fetch",

@@ -247,7 +247,9 @@ class StreamScorer:
                 cache_size=self.scorer.caches.sizes().get(tp),  # None: revoked meanwhile
             )
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("record published", extra=_published_fields(routed[0], acked - job.received))
+                log.debug(
+                    "record published", extra=_published_fields(routed[0], acked - job.received)
+                )
             job.published.set_result(routed[0])
         except BaseException as exc:
             # Nothing of this partition may be remembered: its records will be delivered again.
