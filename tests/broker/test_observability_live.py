@@ -5,11 +5,15 @@
   values of records (a tombstone too) appears nowhere in the worker's stdout or stderr.
 - A record whose CreateTime is an hour ahead cannot hold ``kp_consumer_lag_seconds`` at 0
   while the records after it wait, and it is counted in ``kp_future_timestamps_total``.
+- While the worker scores a backlog, 200 idle connections to its metrics port cost it no
+  thread each and /metrics still answers promptly.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import time
 import urllib.request
 import uuid
@@ -104,8 +108,6 @@ def test_a_future_timestamp_does_not_pin_lag_seconds(
 ) -> None:
     """An hour-ahead record is scored; then the consume loop holds the next record for good
     (a start-up hook), so lag seconds must grow with the wait instead of staying at 0."""
-    import os
-
     (tmp_path / "sitecustomize.py").write_text(HOLD_ON_KEY)
     env, outputs = worker_topics(
         new_topic_name("future"),
@@ -140,3 +142,44 @@ def test_a_future_timestamp_does_not_pin_lag_seconds(
     assert seconds >= 4, f"lag seconds {seconds} while records wait behind an hour-ahead record"
     assert seconds < 600, "the hour ahead is not subtracted either"
     assert counted == 1
+
+
+def test_metrics_answer_while_scoring_a_backlog_with_idle_connections_open(
+    kafka_bootstrap: str, new_topic_name
+) -> None:
+    """200 idle connections cost the worker no thread each, and scrapes are answered promptly
+    while the model works through a backlog."""
+    env, outputs = worker_topics(new_topic_name("busy"), partitions=1, KP_EMBED_CONCURRENCY="1")
+    topic = env["KP_INPUT_TOPIC"]
+    create_topics(kafka_bootstrap, [topic], partitions=1)
+    traces = [
+        orjson.dumps(make_trace(objective=f"Backlog objective number {i} " + "detail " * 40))
+        for i in range(300)
+    ]
+    worker = WorkerProcess(kafka_bootstrap, **env)
+    with worker:
+        port, pid = worker.metrics_port, worker.pid
+        worker.wait_ready()
+        produce(kafka_bootstrap, topic, [(None, t, 0, None) for t in traces])
+        deadline = time.monotonic() + 60
+        while metric_total(port, "kp_records_total") < 10 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        before = len(os.listdir(f"/proc/{pid}/task"))
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(200)]
+        try:
+            time.sleep(0.5)
+            during = len(os.listdir(f"/proc/{pid}/task"))
+            scrapes = []
+            for _ in range(5):
+                started = time.monotonic()
+                scored = metric_total(port, "kp_records_total")
+                scrapes.append(time.monotonic() - started)
+                time.sleep(0.2)
+        finally:
+            for sock in idle:
+                sock.close()
+        collect_outputs(kafka_bootstrap, outputs, {(0, i) for i in range(len(traces))}, settle=0)
+    assert scored < len(traces), "the scrapes came while the backlog was being scored"
+    assert during <= before + 2, f"{before} threads before, {during} with 200 idle connections"
+    assert max(scrapes) < 1.0, scrapes
+    print(f"\nthreads {before} -> {during}; scrapes took {[round(s, 3) for s in scrapes]} s")
