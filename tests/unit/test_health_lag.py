@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.error
 import urllib.request
@@ -247,3 +248,36 @@ def test_paused_partitions_are_counted_once_and_cleared_by_a_new_assignment() ->
     assert paused() == 0.0
     observer.fetching_paused(("in", 1), False)  # faust's late drop callback changes nothing
     assert (paused(), pauses() - before) == (0.0, 2.0)
+
+
+def test_the_port_answers_head_gzip_and_refuses_what_is_not_a_get() -> None:
+    import gzip
+    import socket
+
+    port = free_loopback_port()
+    server = http.serve(port, WorkerHealth(60), host="127.0.0.1")
+    assert server is not None
+
+    def exchange(request: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(request)
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        head, _, body = exchange(
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n"
+        ).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Encoding: gzip" in head
+        assert b"kp_broker_reachable" in gzip.decompress(body)
+        answer = exchange(b"HEAD /healthz HTTP/1.1\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"\r\n\r\n")
+        assert exchange(b"POST /metrics HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 405")
+        assert exchange(b"hello\r\n\r\n").startswith(b"HTTP/1.1 400")
+        too_long = b"GET /metrics HTTP/1.1\r\nX: " + b"a" * (http.MAX_REQUEST_HEAD_BYTES + 10)
+        with contextlib.suppress(ConnectionResetError):  # closed with unread data: a reset
+            assert exchange(too_long + b"\r\n\r\n") == b"", "closed without an answer"
+    finally:
+        server.shutdown()

@@ -10,6 +10,7 @@ connection; answers say ``Connection: close``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import logging
 import socket
@@ -116,11 +117,18 @@ class OpsServer:
 
     def shutdown(self) -> None:
         if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+            with contextlib.suppress(RuntimeError):  # the loop has ended already
+                self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(5)
+        self.listener.close()
 
     def _run(self) -> None:
-        asyncio.run(self._serve())
+        try:
+            asyncio.run(self._serve())
+        except Exception:
+            log.exception("the metrics port stopped answering", extra={"port": self.port})
+        finally:
+            self._started.set()
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
