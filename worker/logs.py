@@ -1,4 +1,10 @@
-"""Structured (one JSON object per line) logs on stderr. Trace contents are never logged."""
+"""Structured (one JSON object per line) logs on stderr. Trace contents are never logged.
+
+Our own code logs no record's value, key or headers at any level. The libraries do at DEBUG
+(aiokafka's producer logs every record it sends, value and key in full), so below INFO only
+the ``worker`` loggers speak: ``KP_LOG_LEVEL=DEBUG`` is our debug lines plus the libraries'
+INFO and up.
+"""
 
 from __future__ import annotations
 
@@ -108,23 +114,48 @@ class RepeatCollapser(logging.Filter):
         return logging.makeLogRecord(fields)
 
 
+# The loggers of our own code: the only ones heard below INFO.
+OWN_LOGGER = "worker"
+
+
+class LibraryDebugFilter(logging.Filter):
+    """Drops records below INFO from every logger outside ``worker``.
+
+    Kafka and Faust libraries log message keys and values at DEBUG; this holds whatever level
+    a library sets on its own loggers (the root logger's INFO already silences those that
+    set none, before their messages are even formatted).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.INFO:
+            return True
+        name = record.name
+        return name == OWN_LOGGER or name.startswith(OWN_LOGGER + ".")
+
+
 def logging_config(level: str = "INFO", repeat_interval: float = 10.0) -> dict[str, Any]:
     """The one logging configuration: JSON lines on stderr (the Faust app is given it too),
-    with repeated Kafka client errors collapsed (:class:`RepeatCollapser`)."""
+    with repeated Kafka client errors collapsed (:class:`RepeatCollapser`) and libraries held
+    at INFO and up whatever ``level`` says (:class:`LibraryDebugFilter`)."""
+    library_level = max(logging.getLevelName(level), logging.INFO)
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": "worker.logs.JsonFormatter"}},
-        "filters": {"collapse": {"()": "worker.logs.RepeatCollapser", "interval": repeat_interval}},
+        "filters": {
+            "collapse": {"()": "worker.logs.RepeatCollapser", "interval": repeat_interval},
+            "library_debug": {"()": "worker.logs.LibraryDebugFilter"},
+        },
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
                 "formatter": "json",
                 "stream": "ext://sys.stderr",
-                "filters": ["collapse"],
+                "filters": ["library_debug", "collapse"],
             }
         },
-        "root": {"handlers": ["stderr"], "level": level},
+        "loggers": {OWN_LOGGER: {"level": level}},
+        "root": {"handlers": ["stderr"], "level": logging.getLevelName(library_level)},
     }
 
 

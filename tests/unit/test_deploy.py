@@ -74,6 +74,7 @@ DASHBOARD_MUST_USE = {
     "kp_build_info",
     "kp_fetch_paused_partitions",
     "kp_fetch_pauses_total",
+    "kp_future_timestamps_total",
 }
 ALERTS_MUST_USE = {
     "kp_broker_reachable",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 import urllib.error
 import urllib.request
 
@@ -62,6 +64,50 @@ def test_lag_of_a_backlog_found_on_assignment_and_of_revoked_partitions() -> Non
     lag.assigned([])
     lag.started(TP, 0)
     assert lag.snapshot() == [], "partitions not owned are ignored"
+
+
+def test_a_timestamp_ahead_of_the_clock_counts_as_now_and_is_reported() -> None:
+    clock = Clock()
+    lag = PartitionLag(clock)
+    lag.assigned([TP])
+    lag.started(TP, 0)
+    lag.log_ends({TP: 1})
+    hour_ahead = int((clock.now + 3_600) * 1000)
+    assert lag.finished(TP, 0, timestamp_ms=hour_ahead) is True
+    assert lag.snapshot() == [Lag("in", 0, 0, 0.0)]
+    clock.now += 2
+    lag.log_ends({TP: 4})  # three records arrive and wait
+    clock.now += 10
+    assert lag.snapshot() == [Lag("in", 0, 3, 12.0)], "behind since the hour-ahead one was scored"
+    assert lag.finished(TP, 1, timestamp_ms=int((clock.now - 5) * 1000)) is False
+    assert lag.snapshot() == [Lag("in", 0, 2, 5.0)], "the next record's real time counts"
+    clock.now += 3
+    assert lag.finished(TP, 2, timestamp_ms=int((clock.now + 0.5) * 1000)) is False, (
+        "a clock half a second fast is within tolerance"
+    )
+    clock.now += 4
+    assert lag.snapshot() == [Lag("in", 0, 1, 4.0)], "and still counts as now"
+
+
+def test_the_observer_counts_future_timestamps() -> None:
+    from prometheus_client import REGISTRY
+
+    from worker.core.errors import EmptyMessageError
+    from worker.core.output import dead_letter
+    from worker.core.records import SourceRecord
+
+    def counted() -> float:
+        return REGISTRY.get_sample_value("kp_future_timestamps_total") or 0.0
+
+    observer = MetricsObserver()
+    observer.partitions_assigned([TP])
+    before = counted()
+    for ahead_s, offset in ((3_600, 0), (0, 1), (-60, 2)):
+        ts = int((time.time() + ahead_s) * 1000)
+        record = SourceRecord("in", 0, offset, ts, None, None)
+        routed = dead_letter(record, EmptyMessageError("empty"))
+        observer.record_published(routed, (), 0.01, None, False, None)
+    assert counted() - before == 1
 
 
 def test_a_lone_offset_no_record_fills_stops_counting_as_waiting() -> None:
@@ -152,7 +198,12 @@ def test_endpoints_answer_from_the_health_state_and_lag_is_exported_at_scrape_ti
         assert status == 503 and orjson.loads(body)["checks"]["scorer"] == "starting"
         split_runs = [3]
         observer.embedder_loaded("model-x", None, lambda: split_runs[0])
+        status, body = get("/readyz")
+        assert status == 503 and orjson.loads(body)["checks"]["broker"].startswith("never reached")
+        assert "kp_broker_reachable 0.0" in get("/metrics")[1].decode()
+        observer.broker_reached()
         assert get("/readyz")[0] == 200
+        assert "kp_broker_reachable 1.0" in get("/metrics")[1].decode()
         assert get("/healthz")[0] == 200
         status, body = get("/metrics")
         text = body.decode()
@@ -197,3 +248,36 @@ def test_paused_partitions_are_counted_once_and_cleared_by_a_new_assignment() ->
     assert paused() == 0.0
     observer.fetching_paused(("in", 1), False)  # faust's late drop callback changes nothing
     assert (paused(), pauses() - before) == (0.0, 2.0)
+
+
+def test_the_port_answers_head_gzip_and_refuses_what_is_not_a_get() -> None:
+    import gzip
+    import socket
+
+    port = free_loopback_port()
+    server = http.serve(port, WorkerHealth(60), host="127.0.0.1")
+    assert server is not None
+
+    def exchange(request: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(request)
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        head, _, body = exchange(
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n"
+        ).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Encoding: gzip" in head
+        assert b"kp_broker_reachable" in gzip.decompress(body)
+        answer = exchange(b"HEAD /healthz HTTP/1.1\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"\r\n\r\n")
+        assert exchange(b"POST /metrics HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 405")
+        assert exchange(b"hello\r\n\r\n").startswith(b"HTTP/1.1 400")
+        too_long = b"GET /metrics HTTP/1.1\r\nX: " + b"a" * (http.MAX_REQUEST_HEAD_BYTES + 10)
+        with contextlib.suppress(ConnectionResetError):  # closed with unread data: a reset
+            assert exchange(too_long + b"\r\n\r\n") == b"", "closed without an answer"
+    finally:
+        server.shutdown()

@@ -110,9 +110,11 @@ def test_broker_health_logs_each_state_change_once_and_times_grow(caplog) -> Non
     health = BrokerHealth(clock=clock, wall_clock=lambda: 1_790_000_000.0)
     observer = MetricsObserver(broker=health)
     caplog.set_level(logging.INFO, logger="worker.stream.connectivity")
-    assert health.reachable_value() == 1.0
+    assert health.reachable_value() == 0.0, "not reachable before the broker has answered"
+    observer.broker_unreachable(OSError("connection refused"))  # a start-up retry: no line
     clock.now += 3
     observer.broker_fetched()
+    assert health.reachable_value() == 1.0
     clock.now += 2
     observer.broker_published()
     assert health.seconds_since_fetch() == 2 and health.seconds_since_publish() == 0
@@ -131,6 +133,31 @@ def test_broker_health_logs_each_state_change_once_and_times_grow(caplog) -> Non
     ]
     assert caplog.records[0].error == "TimeoutError: probe"
     assert caplog.records[1].outage_s == 98
+
+
+def test_a_broker_never_reached_is_unreachable_and_not_ready() -> None:
+    clock = Clock()
+    health = BrokerHealth(clock=clock)
+    observer = MetricsObserver(broker=health)
+    observer.health.scorer_ready("model-x", None)
+    observer.health.assignment_received()
+    assert health.reachable_value() == 0.0
+    clock.now += 12
+    observer.broker_unreachable(OSError("Connect call failed ('127.0.0.1', 1)"))
+    verdict = observer.health.readiness()
+    assert not verdict.ok
+    assert verdict.checks["broker"] == (
+        "never reached for 12 s: OSError: Connect call failed ('127.0.0.1', 1)"
+    )
+    observer.broker_reached()
+    assert health.reachable_value() == 1.0 and observer.health.readiness().ok
+    clock.now += 1
+    observer.broker_unreachable(TimeoutError("probe"))
+    clock.now += 5
+    verdict = observer.health.readiness()
+    assert not verdict.ok and verdict.checks["broker"] == "unreachable for 5 s: TimeoutError: probe"
+    observer.broker_fetched()
+    assert observer.health.readiness().checks["broker"] == "ok"
 
 
 def test_connectivity_gauges_read_the_health_at_scrape_time() -> None:

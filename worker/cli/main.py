@@ -43,6 +43,8 @@ SETTING_FLAGS = {
 }
 # `score --fail-on-error` when a line was dead-lettered.
 EXIT_DEAD_LETTERS = 1
+# `worker`: the metrics port cannot be bound (a setting to change, as for a bad setting).
+EXIT_METRICS_PORT = 2
 # Whoever read our stdout stopped (`| head`): what a shell reports for a filter ended by SIGPIPE.
 EXIT_BROKEN_PIPE = 128 + 13
 
@@ -185,9 +187,15 @@ def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
     configure_logging(settings.log_level, settings.log_repeat_interval_seconds)
     _warn_unknown_variables(as_log=True)
     keep_large_blocks_mapped()  # before the model is loaded
+    from worker.io import http
     from worker.io.app import create_app
 
-    app = create_app(settings)
+    try:
+        listener = http.listen(settings.metrics_port) if settings.metrics_port else None
+    except http.MetricsPortUnavailable as exc:
+        log.error(str(exc), extra={"port": exc.port, "variable": "KP_METRICS_PORT"})
+        return EXIT_METRICS_PORT
+    app = create_app(settings, metrics_listener=listener)
     if not any(arg.startswith(("--loglevel", "-l")) for arg in faust_args):
         faust_args = ["--loglevel", FAUST_LOG_LEVELS[settings.log_level], *faust_args]
     # --quiet: no startup banner on stdout; the worker writes JSON log lines only.

@@ -12,12 +12,12 @@ import asyncio
 import contextlib
 import functools
 import logging
+import socket
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from wsgiref.simple_server import WSGIServer
 
 import aiokafka
 import faust
@@ -175,8 +175,11 @@ class ScorerWorker(faust.Worker):
 class ScorerApp(faust.App):
     """faust.App that prepares topics and owns the scorer's Kafka clients."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics_listener: socket.socket | None = None) -> None:
         self.scorer_settings = settings
+        # The metrics port, bound before the app starts (``kp-scorer worker`` does it, so that a
+        # busy port ends the start in one line), or at start-up.
+        self.metrics_listener = metrics_listener
         super().__init__(
             settings.group_id,
             broker=[f"kafka://{s.strip()}" for s in settings.kafka_bootstrap_servers.split(",")],
@@ -209,7 +212,7 @@ class ScorerApp(faust.App):
         self.left_uncommitted: list[tuple[str, int]] = []
         self._publisher: Publisher | None = None
         self._reader: PartitionLogReader | None = None
-        self._http: WSGIServer | None = None
+        self._http: http.OpsServer | None = None
         self._ticker: asyncio.Future[None] | None = None
         self._trimmer: asyncio.Future[None] | None = None
 
@@ -222,10 +225,14 @@ class ScorerApp(faust.App):
         observer = self.observer
         observer.watch()
         # Probes get answers from the start: alive while loading, ready once scoring can begin.
-        self._http = http.serve(settings.metrics_port, observer.health)
+        listener = self.metrics_listener
+        if listener is None and settings.metrics_port:
+            listener = http.listen(settings.metrics_port)
+        if listener is not None:
+            self._http = http.OpsServer(listener, observer.health).start()
         self._ticker = asyncio.ensure_future(_tick(observer))
         self._trimmer = asyncio.ensure_future(_trim_memory())
-        await _wait_for_kafka(settings)
+        await _wait_for_kafka(settings, observer)
         scorer = await asyncio.to_thread(build_scorer, settings)
         observer.configured(
             __version__, scorer.model_id, settings.accept_threshold, settings.domain_thresholds
@@ -335,16 +342,19 @@ async def _trim_memory() -> None:
         await asyncio.to_thread(release_freed_memory)
 
 
-async def _wait_for_kafka(settings: Settings) -> None:
-    """Create topics, retrying with backoff (and one clear log line per try) until reachable."""
+async def _wait_for_kafka(settings: Settings, observer: MetricsObserver) -> None:
+    """Create topics, retrying with backoff (and one clear log line per try) until reachable;
+    the broker counts as reached (``kp_broker_reachable``) once they are there."""
     outputs = list(output_topics(settings).values())
     delays = backoff(STARTUP_BACKOFF_SECONDS)
     attempt = 0
     while True:
         try:
             await ensure_topics(settings, outputs)
+            observer.broker_reached()
             return
         except (KafkaError, OSError) as exc:
+            observer.broker_unreachable(exc)
             delay = next(delays)
             log.error(
                 "Kafka unreachable; retrying",
@@ -374,9 +384,11 @@ def _source_record(message: Any) -> SourceRecord:
     )
 
 
-def create_app(settings: Settings | None = None) -> ScorerApp:
+def create_app(
+    settings: Settings | None = None, metrics_listener: socket.socket | None = None
+) -> ScorerApp:
     settings = settings or load_settings()
-    app = ScorerApp(settings)
+    app = ScorerApp(settings, metrics_listener)
     input_topic = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
 
     @app.agent(input_topic, name="score", concurrency=1)

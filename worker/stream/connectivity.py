@@ -5,6 +5,10 @@ topic that succeeded or failed); :class:`BrokerHealth` turns that into one log l
 change ("broker unreachable since ...", "broker reachable again after ...") and into the values
 behind ``kp_broker_reachable`` and ``kp_seconds_since_last_fetch``/``_publish``, which are read
 at scrape time so they keep growing while nothing succeeds.
+
+A worker is not taken at its word: the broker is unreachable until it has answered once, so a
+worker given a wrong bootstrap address reads 0 from its first scrape (the start-up retries
+report the failures) and is not ready.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ class BrokerHealth:
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
         started = clock()
-        self.reachable = True
-        self.unreachable_since: float | None = None  # monotonic
+        self.reachable = False
+        self.ever_reached = False
+        self.unreachable_since: float | None = started  # monotonic
+        self.last_error: str | None = None
         self.last_fetch = started
         self.last_publish = started
 
@@ -46,30 +52,48 @@ class BrokerHealth:
         self.reached()
 
     def reached(self) -> None:
+        """The broker answered a request (the first answer at start-up included)."""
         with self._lock:
             if self.reachable:
                 return
             self.reachable = True
+            first = not self.ever_reached
+            self.ever_reached = True
             assert self.unreachable_since is not None
             outage = self._clock() - self.unreachable_since
             self.unreachable_since = None
-        log.warning(
-            "broker reachable again after %.0f s", outage, extra={"outage_s": round(outage, 1)}
-        )
+            self.last_error = None
+        if not first:
+            log.warning(
+                "broker reachable again after %.0f s", outage, extra={"outage_s": round(outage, 1)}
+            )
 
     def unreachable(self, error: BaseException | str) -> None:
-        """A request the broker should have answered failed or timed out."""
+        """A request the broker should have answered failed or timed out. Before its first
+        answer only the reason is kept: the start-up retries log each failure themselves."""
+        reason = (error if isinstance(error, str) else f"{type(error).__name__}: {error}")[:300]
         with self._lock:
+            self.last_error = reason
             if not self.reachable:
                 return
             self.reachable = False
             self.unreachable_since = self._clock()
             since = datetime.fromtimestamp(self._wall_clock(), UTC).isoformat(timespec="seconds")
-        reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        log.error("broker unreachable since %s", since, extra={"error": reason[:300]})
+        log.error("broker unreachable since %s", since, extra={"error": reason})
 
     def reachable_value(self) -> float:
         return 1.0 if self.reachable else 0.0
+
+    def readiness(self) -> str:
+        """``ok``, or why the worker cannot work with its broker now (for /readyz)."""
+        with self._lock:
+            if self.reachable:
+                return "ok"
+            assert self.unreachable_since is not None
+            for_s = self._clock() - self.unreachable_since
+            state = "unreachable" if self.ever_reached else "never reached"
+            error = f": {self.last_error}" if self.last_error else ""
+        return f"{state} for {for_s:.0f} s{error}"
 
     def seconds_since_fetch(self) -> float:
         return max(0.0, self._clock() - self.last_fetch)

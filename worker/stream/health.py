@@ -9,7 +9,8 @@ those stamps with the clock.
   (behind the log's end or in the pipeline), one was taken or finished within
   ``stall_seconds`` (a cache rebuild in progress counts as progress).
 - Ready: the scorer is built (model loaded, or running without one as configured), the
-  consumer has received a partition assignment, and the worker is not stopping.
+  broker answers (it has answered at least once, and the last request to it did not fail),
+  the consumer has received a partition assignment, and the worker is not stopping.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ class WorkerHealth:
         stall_seconds: float,
         records_waiting: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
+        broker: Callable[[], str] = lambda: "ok",
     ) -> None:
         self.stall_seconds = stall_seconds
         self._records_waiting = records_waiting
+        self._broker = broker  # "ok" or why not
         self._clock = clock
         self._lock = threading.Lock()
         started = clock()
@@ -114,11 +117,14 @@ class WorkerHealth:
         return Verdict(ok, checks)
 
     def readiness(self) -> Verdict:
+        broker = self._broker()
         with self._lock:
             model, assigned, stopping = self._model, self._assignment_received, self._stopping
         checks = {
             "scorer": model or "starting",
+            "broker": broker,
             "assignment": "received" if assigned else "waiting for the group",
             "stopping": "yes" if stopping else "no",
         }
-        return Verdict(model is not None and assigned and not stopping, checks)
+        ready = model is not None and broker == "ok" and assigned and not stopping
+        return Verdict(ready, checks)

@@ -9,6 +9,12 @@ shows its lag growing instead of a frozen last value.
 Seconds behind is an estimate without reading the log: for a partition that is behind, now
 minus the newer of the last finished record's timestamp and the last moment the partition was
 seen caught up (or, before either is known, the moment it was assigned). It is 0 when caught up.
+
+A record timestamp ahead of the clock (a producer's clock running fast, or a timestamp set by
+hand) counts as the moment the record was finished: it was at most that recent. Taken as it
+is, an hour-ahead record would hold the partition's lag seconds at 0 for an hour however long
+the records after it wait; ignoring it instead would fall back on the previous record's time
+and show a lag that is not there (for every record of a producer a second fast).
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 TopicPartition = tuple[str, int]
+
+# A record timestamp more ahead of the clock than this is reported as a future timestamp:
+# clocks of different hosts differ by milliseconds, which is not worth a count.
+FUTURE_TOLERANCE_SECONDS = 1.0
 
 
 @dataclass
@@ -77,18 +87,24 @@ class PartitionLag:
                 state.position = position
                 state.note_caught_up(self._clock())
 
-    def finished(self, tp: TopicPartition, offset: int, timestamp_ms: int) -> None:
-        """The record at ``offset`` was scored and its output published."""
+    def finished(self, tp: TopicPartition, offset: int, timestamp_ms: int) -> bool:
+        """The record at ``offset`` was scored and its output published. Returns whether its
+        timestamp was ahead of the clock (beyond :data:`FUTURE_TOLERANCE_SECONDS`); it then
+        counts as now."""
+        now = self._clock()
+        seconds = timestamp_ms / 1000
+        ahead = bool(timestamp_ms) and seconds - now > FUTURE_TOLERANCE_SECONDS
         with self._lock:
             self._finished[tp] = max(self._finished.get(tp, 0), offset + 1)
             state = self._partitions.get(tp)
             if state is None:
-                return
+                return ahead
             state.position = max(state.position or 0, offset + 1)
             if timestamp_ms:
-                seconds = timestamp_ms / 1000
+                seconds = min(seconds, now)
                 state.last_timestamp = max(state.last_timestamp or seconds, seconds)
-            state.note_caught_up(self._clock())
+            state.note_caught_up(now)
+        return ahead
 
     def log_ends(self, ends: Mapping[TopicPartition, int]) -> None:
         """End offsets (high watermarks) seen in a fetch or a probe."""

@@ -87,6 +87,11 @@ gap_records = Counter(
     "Records the consumer skipped that the worker read back from the log and scored",
 )
 publish_retries = Counter("kp_publish_retries_total", "Batches whose publish had to be retried")
+future_timestamps = Counter(
+    "kp_future_timestamps_total",
+    "Input records whose timestamp was more than 1 s ahead of the worker's clock when scored "
+    "(producer clocks running fast); lag seconds counts them as scored now",
+)
 fetch_paused = Gauge(
     "kp_fetch_paused_partitions",
     "Input partitions not fetched now: records already taken from them wait for the pipeline",
@@ -98,8 +103,8 @@ fetch_pauses = Counter(
 
 broker_reachable = Gauge(
     "kp_broker_reachable",
-    "1 while the broker answers the worker (fetches, publishes, the input topic probe), "
-    "0 from the first failed probe until anything succeeds again",
+    "1 while the broker answers the worker (start-up, fetches, publishes, the input topic "
+    "probe); 0 until it has answered once, and from a failed request until one succeeds again",
 )
 seconds_since_last_fetch = Gauge(
     "kp_seconds_since_last_fetch",
@@ -143,7 +148,8 @@ class _LagCollector(Collector):
         seconds = GaugeMetricFamily(
             "kp_consumer_lag_seconds",
             "How long an owned partition has been behind: now minus the newer of its last "
-            "scored record's timestamp and the last moment it was caught up; 0 when caught up",
+            "scored record's timestamp (one ahead of the clock counts as its scoring time) and "
+            "the last moment it was caught up; 0 when caught up",
             labels=["topic", "partition"],
         )
         for lag in lags:

@@ -29,7 +29,9 @@ class MetricsObserver:
         self.broker = broker or BrokerHealth()
         self.lag = PartitionLag()
         self.health = WorkerHealth(
-            stall_seconds, records_waiting=lambda: self.lag.records_waiting(stall_seconds)
+            stall_seconds,
+            records_waiting=lambda: self.lag.records_waiting(stall_seconds),
+            broker=self.broker.readiness,
         )
         self._fetch_paused: set[TopicPartition] = set()
 
@@ -53,6 +55,10 @@ class MetricsObserver:
         for domain, threshold in domain_thresholds.items():
             metrics.domain_accept_threshold.labels(domain).set(threshold)
         metrics.latency_budget.set(self.latency_budget_seconds)
+
+    def broker_reached(self) -> None:
+        """The broker answered (at start-up: the topics are there)."""
+        self.broker.reached()
 
     def broker_fetched(self) -> None:
         self.broker.fetched()
@@ -126,7 +132,8 @@ class MetricsObserver:
             metrics.budget_breaches.inc()
         source = routed.source
         topic, partition = source.topic, str(source.partition)
-        self.lag.finished(source.topic_partition, source.offset, source.timestamp_ms)
+        if self.lag.finished(source.topic_partition, source.offset, source.timestamp_ms):
+            metrics.future_timestamps.inc()
         if age_seconds is not None:
             metrics.end_to_end_latency.observe(age_seconds)
         if reused_vector:

@@ -246,6 +246,10 @@ class StreamScorer:
                 reused_vector=reused,
                 cache_size=self.scorer.caches.sizes().get(tp),  # None: revoked meanwhile
             )
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "record published", extra=_published_fields(routed[0], acked - job.received)
+                )
             job.published.set_result(routed[0])
         except BaseException as exc:
             # Nothing of this partition may be remembered: its records will be delivered again.
@@ -305,3 +309,22 @@ class StreamScorer:
         waiting = [job.published for job in self._in_flight[tp]]
         await asyncio.gather(*waiting, return_exceptions=True)
         await acknowledge()
+
+
+def _published_fields(routed: RoutedRecord, latency_seconds: float) -> dict[str, object]:
+    """Where a published record came from and what became of it, for its DEBUG line: offsets,
+    decision, score or error kind, never the record's key, value or headers."""
+    source = routed.source
+    fields: dict[str, object] = {
+        "topic": source.topic,
+        "partition": source.partition,
+        "offset": source.offset,
+        "decision": routed.decision.value,
+        "domain": routed.domain_label,
+        "latency_ms": round(latency_seconds * 1000, 1),
+    }
+    if routed.breakdown is not None:
+        fields["score"] = round(routed.breakdown.score, 4)
+    if routed.error is not None:
+        fields["error_kind"] = routed.error.kind
+    return fields
