@@ -283,12 +283,14 @@ MUTANTS: tuple[Mutant, ...] = (
         promise="A dead letter keeps the original bytes (a tombstone stays a tombstone)",
         path="worker/core/output.py",
         old="""\
-        decision=Decision.DEAD_LETTER,
-        value=record.value,
+        error,
+        record.value,
+        (*producer_headers(record.headers), *dead_letter_headers(record, error)),
 """,
         new="""\
-        decision=Decision.DEAD_LETTER,
-        value=record.value or b"",
+        error,
+        record.value or b"",
+        (*producer_headers(record.headers), *dead_letter_headers(record, error)),
 """,
         tests=("tests/unit/test_pipeline.py::test_dead_letter_keeps_bytes_and_explains",),
         why="publishes an empty value for a tombstone",
@@ -297,8 +299,14 @@ MUTANTS: tuple[Mutant, ...] = (
         name="dead-letter-headers-replaced",
         promise="A dead letter keeps the original headers",
         path="worker/core/output.py",
-        old="headers=(*producer_headers(record.headers), *dead_letter_headers(record, error)),",
-        new="headers=dead_letter_headers(record, error),",
+        old="""\
+        record.value,
+        (*producer_headers(record.headers), *dead_letter_headers(record, error)),
+""",
+        new="""\
+        record.value,
+        dead_letter_headers(record, error),
+""",
         tests=("tests/unit/test_pipeline.py::test_dead_letter_keeps_bytes_and_explains",),
         why="drops the producer's headers from a dead letter",
     ),
@@ -308,7 +316,7 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/core/records.py",
         old="""\
     def key(self) -> bytes | None:
-        return self.source.key
+        return b"" if self.empty_key else self.source.key
 """,
         new="""\
     def key(self) -> bytes | None:
