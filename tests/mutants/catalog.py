@@ -343,4 +343,91 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/unit/test_pipeline.py::test_domain_labels_are_bounded",),
         why="labels metrics with whatever domain a producer sends",
     ),
+    Mutant(
+        name="null-key-tombstone-unpublishable",
+        promise="Any record gets a dead letter that can be published (a null key with a null "
+        "value gets an empty key and kp-key-null)",
+        path="worker/core/output.py",
+        old="    empty_key = record.key is None and value is None\n",
+        new="    empty_key = False\n",
+        tests=(
+            "tests/unit/test_publisher.py::"
+            "test_a_null_key_tombstone_is_dead_lettered_with_an_empty_key",
+        ),
+        why="hands the Kafka client a record with neither key nor value, which it refuses",
+    ),
+    Mutant(
+        name="integer-beyond-64-bits-passed-as-float",
+        promise="No silent change of data: an integer beyond 64 bits is dead-lettered",
+        path="worker/core/trace.py",
+        old="_INT_RANGE = (-(2**63), 2**64 - 1)",
+        new="_INT_RANGE = (-(2**400), 2**400)",
+        tests=(
+            "tests/unit/test_trace.py::"
+            "test_an_integer_beyond_64_bits_in_an_unknown_field_is_refused_by_path",
+        ),
+        why="publishes 123456789012345678901234567890 as 1.2345678901234568e+29",
+    ),
+    Mutant(
+        name="created-at-not-checked",
+        promise="created_at is RFC 3339",
+        path="worker/core/schema.py",
+        old='return {name: _not_checked for name in names - {"date-time"}}',
+        new="return {name: _not_checked for name in names}",
+        tests=("tests/unit/test_trace.py::test_created_at_is_rfc_3339",),
+        why="accepts any string as created_at",
+    ),
+    Mutant(
+        name="future-timestamp-pins-lag",
+        promise="Lag seconds cannot be pinned at 0 by a record timestamped in the future",
+        path="worker/stream/lag.py",
+        old="                seconds = min(seconds, now)\n",
+        new="                seconds = seconds\n",
+        tests=("tests/unit/test_health_lag.py",),
+        why="one record stamped an hour ahead reads as no lag for an hour",
+    ),
+    Mutant(
+        name="broker-reachable-before-it-answered",
+        promise="kp_broker_reachable is 0 until the broker has answered",
+        path="worker/stream/connectivity.py",
+        old="        self.reachable = False\n        self.ever_reached = False\n",
+        new="        self.reachable = True\n        self.ever_reached = False\n",
+        tests=(
+            "tests/unit/test_outage_logging.py::"
+            "test_a_broker_never_reached_is_unreachable_and_not_ready",
+        ),
+        why="a worker with a wrong bootstrap address reads as connected",
+    ),
+    Mutant(
+        name="library-debug-logs-kept",
+        promise="No trace content in logs at any level: libraries are held at INFO",
+        path="worker/logs.py",
+        old="""\
+        if record.levelno >= logging.INFO:
+            return True
+        name = record.name
+""",
+        new="""\
+        if record.levelno >= logging.DEBUG:
+            return True
+        name = record.name
+""",
+        tests=(
+            "tests/unit/test_log_levels.py::"
+            "test_library_debug_records_are_dropped_even_where_a_library_sets_debug",
+        ),
+        why="lets the Kafka client's DEBUG lines, every published value in full, through",
+    ),
+    Mutant(
+        name="whole-text-tokenized",
+        promise="Tokenizing is bounded: a text is read up to max_tokens x 64 characters",
+        path="worker/core/embedder.py",
+        old="return self._encode_fast([text[:cut] for text in texts])",
+        new="return self._encode_fast(list(texts))",
+        tests=(
+            "tests/unit/test_embedder.py::"
+            "test_megabyte_text_is_tokenized_from_a_bounded_cut_without_the_lock",
+        ),
+        why="tokenizes a 1 MiB text whole: up to 2.5 s on a model thread",
+    ),
 )
