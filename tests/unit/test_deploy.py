@@ -574,6 +574,20 @@ def test_k8s_deployment_probes_and_wiring() -> None:
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
+# Peak RSS of a worker fed one gzip batch holding a 1 GiB value (within Kafka's default
+# 1 MiB message.max.bytes): `python bench/compression_bomb.py`, README "Memory".
+GZIP_BOMB_PEAK_MIB = 2308
+
+
+def test_k8s_memory_limit_covers_a_compression_bomb() -> None:
+    container = k8s("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    limit = container["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi"), limit
+    assert int(limit[:-2]) * 1024 >= 1.25 * GZIP_BOMB_PEAK_MIB
+    readme = (REPO / "README.md").read_text()
+    assert f"{GZIP_BOMB_PEAK_MIB:,} MiB" in readme.split("\n### Memory\n", 1)[1]
+
+
 def test_k8s_configmaps_are_real_settings_and_profiles(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
