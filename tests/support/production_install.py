@@ -40,7 +40,7 @@ from support.deploy_files import (
     dockerfile_install_steps,
     dockerfile_instructions,
 )
-from support.outputs import collect_outputs
+from support.outputs import Output, collect_outputs
 from support.paths import REPO
 from support.traces import make_trace
 from support.workers import worker_topics
@@ -209,6 +209,24 @@ def produce_without_value(bootstrap: str, topic: str) -> list[tuple[int, int]]:
     return delivered
 
 
+def collect_while_alive(
+    worker: InstalledWorker,
+    bootstrap: str,
+    outputs: dict[str, str],
+    sources: set[tuple[int, int]],
+    timeout: float = 60.0,
+) -> list[Output]:
+    """Every output of ``sources`` (and any extra), read again every few seconds until all
+    are there; a worker that exits meanwhile fails at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return collect_outputs(bootstrap, outputs, sources, timeout=5, settle=2)
+        except TimeoutError as exc:
+            if not worker.alive() or time.monotonic() > deadline:
+                raise CheckFailed(f"{exc}; worker log:\n{worker.tail()}") from None
+
+
 def feed_the_worker(venv: Path) -> None:
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap_servers
@@ -218,10 +236,7 @@ def feed_the_worker(venv: Path) -> None:
             worker.wait_ready(timeout=120)
             sources = asyncio.run(produce_codec_batches(bootstrap, env["KP_INPUT_TOPIC"]))
             sources += produce_without_value(bootstrap, env["KP_INPUT_TOPIC"])
-            try:
-                found = collect_outputs(bootstrap, outputs, set(sources), timeout=60, settle=2)
-            except TimeoutError as exc:
-                raise CheckFailed(f"{exc}; worker log:\n{worker.tail()}") from None
+            found = collect_while_alive(worker, bootstrap, outputs, set(sources))
             counts = Counter((o.source_partition, o.source_offset) for o in found)
             twice = sorted(source for source, count in counts.items() if count != 1)
             if twice or set(counts) != set(sources):
