@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,58 @@ MONITORING = K8S / "monitoring"
 PROMETHEUS_RULE = MONITORING / "prometheusrule.yaml"
 SERVICE_MONITOR = MONITORING / "servicemonitor.yaml"
 PROMTOOL_TESTS = REPO / "tests" / "unit" / "promtool"
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One Dockerfile instruction: its keyword (upper case) and its arguments as written."""
+
+    keyword: str
+    arguments: str
+
+    def words(self) -> list[str]:
+        """The arguments split as a shell would (COPY sources and destination, ENV pairs)."""
+        return shlex.split(self.arguments)
+
+
+def dockerfile_instructions(path: Path = DOCKERFILE) -> list[Instruction]:
+    """The instructions of a Dockerfile, continuation lines joined and comments left out."""
+    instructions = []
+    pending = ""
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1].strip() + " "
+            continue
+        keyword, _, arguments = (pending + stripped).partition(" ")
+        instructions.append(Instruction(keyword.upper(), arguments.strip()))
+        pending = ""
+    assert not pending, f"{path} ends inside a continued instruction"
+    return instructions
+
+
+def dockerfile_install_steps(path: Path = DOCKERFILE) -> list[str]:
+    """The RUN steps that install and check kp-scorer: every RUN after the first COPY (those
+    before it only prepare the image, e.g. its user). `.ci/production-install` runs exactly
+    these, in a fresh virtual environment."""
+    instructions = dockerfile_instructions(path)
+    first_copy = next(i for i, ins in enumerate(instructions) if ins.keyword == "COPY")
+    return [ins.arguments for ins in instructions[first_copy:] if ins.keyword == "RUN"]
+
+
+def dockerfile_env(path: Path = DOCKERFILE) -> dict[str, str]:
+    """Every variable the Dockerfile's ENV instructions set (KEY=VALUE form)."""
+    env = {}
+    for instruction in dockerfile_instructions(path):
+        if instruction.keyword == "ENV":
+            for pair in instruction.words():
+                name, _, value = pair.partition("=")
+                env[name] = value
+    return env
 
 
 def load_yaml(path: Path) -> Any:

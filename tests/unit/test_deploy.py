@@ -1,4 +1,5 @@
 """Deployment files agree with the worker: compose, Dockerfile, Prometheus, Grafana, k8s.
+(The Dockerfile's build steps and its lock file: ``tests/unit/test_image.py``.)
 
 No Docker here. The static tests parse every file and cross-check names, ports, paths and
 settings against ``worker.settings``. The live-worker half (every metric named by the
@@ -25,7 +26,6 @@ from worker.settings import Settings, load_settings
 from support.deploy_files import (
     COMPOSE,
     DASHBOARD,
-    DOCKERFILE,
     GRAFANA_DASHBOARDS,
     GRAFANA_DATASOURCES,
     K8S,
@@ -34,6 +34,8 @@ from support.deploy_files import (
     alert_rules,
     autoscaler_queries,
     dashboard_queries,
+    dockerfile_env,
+    dockerfile_instructions,
     k8s,
     k8s_documents,
     load_yaml,
@@ -283,9 +285,9 @@ def test_metrics_port_agrees_everywhere() -> None:
     assert int(worker["environment"]["KP_METRICS_PORT"]) == port
     assert {container_port(p) for p in worker["ports"]} == {port}
     assert f"127.0.0.1:{port}/readyz" in " ".join(worker["healthcheck"]["test"])
-    dockerfile = DOCKERFILE.read_text()
-    assert re.findall(r"^EXPOSE\s+(\d+)", dockerfile, re.M) == [str(port)]
-    assert re.search(r"^ENV KP_METRICS_PORT=(\d+)", dockerfile, re.M)[1] == str(port)  # type: ignore[index]
+    exposed = [i.arguments for i in dockerfile_instructions() if i.keyword == "EXPOSE"]
+    assert exposed == [str(port)]
+    assert dockerfile_env()["KP_METRICS_PORT"] == str(port)
     (job,) = load_yaml(PROMETHEUS)["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
     targets = [(name, sd["port"]) for sd in job["dns_sd_configs"] for name in sd["names"]]
@@ -294,20 +296,6 @@ def test_metrics_port_agrees_everywhere() -> None:
     assert container["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
     assert int(k8s("ConfigMap", "kp-scorer-env")["data"]["KP_METRICS_PORT"]) == port
     assert k8s("Service")["spec"]["ports"][0]["port"] == port
-
-
-def test_dockerfile_builds_a_non_root_worker_image() -> None:
-    text = DOCKERFILE.read_text()
-    assert re.search(r"^FROM python:3\.11-slim\s*$", text, re.M)
-    assert re.search(r"^RUN pip install \.", text, re.M)
-    users = re.findall(r"^USER\s+(\S+)", text, re.M)
-    assert users and users[-1].split(":")[0] not in ("root", "0")
-    assert json.loads(re.search(r"^ENTRYPOINT (.+)$", text, re.M)[1]) == ["kp-scorer"]  # type: ignore[index]
-    assert json.loads(re.search(r"^CMD (.+)$", text, re.M)[1]) == ["worker"]  # type: ignore[index]
-    for line in re.findall(r"^COPY (.+)$", text, re.M):
-        sources = line.split()[:-1]
-        for source in sources:
-            assert (REPO / source).exists(), f"Dockerfile copies missing {source}"
 
 
 # -- Prometheus and Grafana ---------------------------------------------------------------
@@ -585,6 +573,20 @@ def test_k8s_deployment_probes_and_wiring() -> None:
     assert service_["spec"]["ports"][0]["targetPort"] in (*ports, DEFAULTS.metrics_port)
     pdb = k8s("PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+# Peak RSS of a worker fed one gzip batch holding a 1 GiB value (within Kafka's default
+# 1 MiB message.max.bytes): `python bench/compression_bomb.py`, README "Memory".
+GZIP_BOMB_PEAK_MIB = 2308
+
+
+def test_k8s_memory_limit_covers_a_compression_bomb() -> None:
+    container = k8s("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    limit = container["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi"), limit
+    assert int(limit[:-2]) * 1024 >= 1.25 * GZIP_BOMB_PEAK_MIB
+    readme = (REPO / "README.md").read_text()
+    assert f"{GZIP_BOMB_PEAK_MIB:,} MiB" in readme.split("\n### Memory\n", 1)[1]
 
 
 def test_k8s_configmaps_are_real_settings_and_profiles(

@@ -1,4 +1,4 @@
-"""kp-scorer command line: worker, demo, score (offline JSONL), replay, rescore, settings."""
+"""kp-scorer command line: worker, demo, score (offline JSONL), replay, rescore, settings, check."""
 
 from __future__ import annotations
 
@@ -475,6 +475,28 @@ def cmd_settings(args: argparse.Namespace) -> int:
     return 0
 
 
+# `check` found something this installation cannot do.
+EXIT_CHECK_FAILED = 1
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    import orjson
+
+    from worker.cli.check import run_check
+
+    settings = _checked_settings()
+    configure_logging(settings.log_level, settings.log_repeat_interval_seconds)
+    report, failures = run_check(settings)
+    sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
+    sys.stdout.flush()
+    if failures:
+        err_console.print(
+            f"kp-scorer check: FAILED: {'; '.join(failures)}", markup=False, highlight=False
+        )
+        return EXIT_CHECK_FAILED
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kp-scorer", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kp-scorer {__version__}")
@@ -586,6 +608,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("--json", action="store_true", help="one JSON object keyed by variable")
     show.set_defaults(func=cmd_settings)
+
+    check = commands.add_parser(
+        "check",
+        help="verify this installation: model loads and embeds, every Kafka codec reads; "
+        "versions and results as JSON",
+    )
+    check.set_defaults(func=cmd_check)
     return parser
 
 

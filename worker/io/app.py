@@ -76,22 +76,26 @@ def _credentials(settings: Settings) -> Any:
 
 
 class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread with the fetch wait taken from the settings.
+    """Faust's consumer thread with the fetch wait and the fetch size taken from the settings.
 
     faust creates its group consumer with a fixed 1.5 s fetch wait. A broker that answers a
     fetch only when that wait runs out would hold each new record up to 1.5 s before the
-    worker sees it, which alone breaks the 100 ms budget.
+    worker sees it, which alone breaks the 100 ms budget. It bounds each partition's share of
+    a fetch (``consumer_max_fetch_size``) but leaves the whole fetch at aiokafka's 50 MiB:
+    here the whole fetch gets the same bound as one partition (``Settings.fetch_max_bytes``).
     """
 
     def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
         consumer = super()._create_worker_consumer(transport)
-        wait_ms = self.app.scorer_settings.fetch_max_wait_ms  # type: ignore[attr-defined]
-        if not hasattr(consumer, "_fetch_max_wait_ms"):
+        settings: Settings = self.app.scorer_settings  # type: ignore[attr-defined]
+        if not hasattr(consumer, "_fetch_max_wait_ms") or not hasattr(consumer, "_fetch_max_bytes"):
             raise RuntimeError(
-                f"aiokafka {aiokafka.__version__} does not take the fetch wait this way; "
-                "KP_FETCH_MAX_WAIT_MS cannot be applied"
+                f"aiokafka {aiokafka.__version__} does not take the fetch options this way; "
+                "KP_FETCH_MAX_WAIT_MS and the fetch size bound cannot be applied"
             )
-        consumer._fetch_max_wait_ms = wait_ms  # read when the consumer starts its fetcher
+        # Both are read when the consumer starts its fetcher.
+        consumer._fetch_max_wait_ms = settings.fetch_max_wait_ms
+        consumer._fetch_max_bytes = settings.fetch_max_bytes
         return consumer
 
     def set_fetching(self, tp: TP, fetching: bool) -> None:
@@ -193,6 +197,9 @@ class ScorerApp(faust.App):
             consumer_auto_offset_reset="earliest",
             consumer_max_fetch_size=settings.fetch_max_bytes,
             producer_acks=-1,
+            # The worker publishes through its own Publisher; should faust ever publish
+            # (e.g. a table's changelog), it uses the same codec.
+            producer_compression_type=settings.producer_compression,
             processing_guarantee="at_least_once",
             stream_wait_empty=False,
             stream_buffer_maxsize=settings.fetch_buffer_records,

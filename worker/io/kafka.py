@@ -196,6 +196,7 @@ class PartitionLogReader:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=settings.fetch_max_bytes,
+            fetch_max_bytes=settings.fetch_max_bytes,
         )
         self._started = False
 
@@ -329,6 +330,7 @@ class Publisher:
             linger_ms=0,
             max_batch_size=262_144,
             max_request_size=self._settings.output_record_limit,
+            compression_type=self._settings.producer_compression,
             request_timeout_ms=30_000,
         )
 
