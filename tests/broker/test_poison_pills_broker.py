@@ -9,6 +9,9 @@ outputs of the records after it again each time.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 
 import orjson
@@ -144,3 +147,82 @@ def test_records_without_key_or_value_are_dead_lettered_and_the_worker_goes_on(
     scored = [o for name, o in found.items() if "valid" in name]
     assert all(o.decision in ("accepted", "rejected") for o in scored)
     assert found["null key, valid trace"].key is None
+
+
+# A producer whose header names reach the wire as bytes that are not UTF-8 (Go and C clients
+# can send them): aiokafka's pure-Python record builder, given a name that encodes to such
+# bytes. Run in its own process: that builder is chosen when aiokafka is first imported.
+_NOT_UTF8_PRODUCER = """
+import asyncio, json, sys
+from aiokafka import AIOKafkaProducer
+
+class NotUtf8Name(str):
+    def encode(self, *args, **kwargs):
+        return b"\\xff\\xfe-name"
+
+async def main(bootstrap, topic, values):
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    offsets = []
+    try:
+        for index, value in enumerate(values):
+            headers = [("x-producer", b"poison")]
+            if index == 1:
+                headers.append((NotUtf8Name("h"), b"v"))
+            sent = await producer.send_and_wait(
+                topic, value.encode(), key=f"k{index}".encode(), partition=0, headers=headers
+            )
+            offsets.append(sent.offset)
+    finally:
+        await producer.stop()
+    print(json.dumps(offsets))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.stdin.read())))
+"""
+
+
+@pytest.mark.broker
+def test_a_batch_the_kafka_client_cannot_read_is_dead_lettered_and_the_worker_goes_on(
+    kafka_bootstrap: str,
+) -> None:
+    env, topics = worker_topics(f"unreadable-{uuid.uuid4().hex[:8]}", partitions=1)
+    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=1)
+    valid = [line.decode() for line in EXAMPLES.read_bytes().splitlines() if line.strip()][:4]
+
+    with WorkerProcess(kafka_bootstrap, **env) as worker:
+        worker.wait_for_event("scorer ready", timeout=90)
+        produced = subprocess.run(
+            [sys.executable, "-c", _NOT_UTF8_PRODUCER, kafka_bootstrap, env["KP_INPUT_TOPIC"]],
+            input=orjson.dumps(valid),
+            capture_output=True,
+            env={**os.environ, "AIOKAFKA_NO_EXTENSIONS": "1"},
+            timeout=60,
+            check=True,
+        )
+        offsets = orjson.loads(produced.stdout)
+        try:
+            outputs = collect_outputs(
+                kafka_bootstrap, topics, {(0, offset) for offset in offsets}, timeout=60
+            )
+        except TimeoutError as exc:
+            pytest.fail(f"{exc}; worker alive: {worker.alive()}; log tail:\n{worker.tail(15)}")
+        alive = worker.alive()
+        events = [str(e.get("event")) for e in worker.events()]
+
+    assert alive, "no record may stop the worker"
+    assert events.count("scorer ready") == 1, "the worker must never restart"
+    assert sorted(o.source_offset for o in outputs) == sorted(offsets), "each exactly once"
+    by_offset = {o.source_offset: o for o in outputs}
+    unreadable = by_offset[offsets[1]]
+    assert unreadable.decision == "dead_letter"
+    assert unreadable.headers["kp-error-kind"] == b"unreadable"
+    assert b"cannot read" in unreadable.headers["kp-error-reason"]
+    assert (
+        unreadable.value is None and b"read the original" in unreadable.headers["kp-value-omitted"]
+    )
+    errors = list(
+        _headers_schema().iter_errors({k: v.decode() for k, v in unreadable.headers.items()})
+    )
+    assert not errors, errors[0].message
+    others = [by_offset[offset] for offset in offsets if offset != offsets[1]]
+    assert all(o.decision in ("accepted", "rejected") for o in others)

@@ -430,4 +430,21 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         why="tokenizes a 1 MiB text whole: up to 2.5 s on a model thread",
     ),
+    Mutant(
+        name="unreadable-batch-ends-the-consumer",
+        promise="A batch the Kafka client cannot read is dead-lettered (unreadable), never a "
+        "crash loop",
+        path="worker/io/unreadable.py",
+        old="""\
+            return iter(list(batch))
+        except Exception as exc:""",
+        new="""\
+            return iter(list(batch))
+        except ArithmeticError as exc:""",
+        tests=(
+            "tests/unit/test_unreadable.py::"
+            "test_an_unreadable_batch_is_one_unreadable_record_per_offset",
+        ),
+        why="a header name that is not UTF-8 ends the consumer at that offset on every restart",
+    ),
 )

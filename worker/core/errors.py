@@ -69,6 +69,13 @@ class IntegerOutOfRangeError(TraceError):
     kind = "integer_out_of_range"
 
 
+class UnreadableRecordError(TraceError):
+    """A record whose batch the Kafka client could not read (a header name that is not UTF-8,
+    a batch its codec cannot decode): its bytes never reached the scorer."""
+
+    kind = "unreadable"
+
+
 class InternalScoringError(TraceError):
     """A valid trace that the scorer failed on: dead-lettered rather than lost."""
 
@@ -93,6 +100,7 @@ INPUT_ERROR_KINDS: tuple[str, ...] = tuple(
         NotAnObjectError,
         SchemaViolationError,
         IntegerOutOfRangeError,
+        UnreadableRecordError,
     )
 )
 # Every kind a dead letter can carry.

@@ -13,7 +13,13 @@ import orjson
 
 from worker import __version__
 from worker.core.errors import InternalScoringError, OutputTooLargeError, TraceError
-from worker.core.records import OTHER_DOMAIN, Decision, RoutedRecord, SourceRecord
+from worker.core.records import (
+    OTHER_DOMAIN,
+    Decision,
+    RoutedRecord,
+    SourceRecord,
+    UnreadableValue,
+)
 from worker.core.scoring import ScoreBreakdown
 from worker.core.trace import Trace
 
@@ -102,7 +108,15 @@ def producer_headers(headers: tuple[tuple[str, bytes], ...]) -> tuple[tuple[str,
 
 
 def dead_letter(record: SourceRecord, error: TraceError) -> RoutedRecord:
-    """Original bytes untouched; the why and the where in headers."""
+    """Original bytes untouched; the why and the where in headers. A record the Kafka client
+    could not read has no bytes to keep: no value, and a pointer to the original."""
+    if isinstance(record.value, UnreadableValue):
+        omitted = (
+            f"{HEADER_PREFIX}value-omitted",
+            b"the Kafka client could not read the record; read the original at the source "
+            b"topic/partition/offset",
+        )
+        return _dead_letter(record, error, None, (*dead_letter_headers(record, error), omitted))
     return _dead_letter(
         record,
         error,

@@ -20,6 +20,18 @@ class Decision(StrEnum):
     DEAD_LETTER = "dead_letter"
 
 
+class UnreadableValue(bytes):
+    """The value of a record the Kafka client could not read (its batch failed to decode):
+    no bytes, and why. The scorer dead-letters such a record as ``unreadable``."""
+
+    reason: str
+
+    def __new__(cls, reason: str) -> UnreadableValue:
+        value = super().__new__(cls, b"")
+        value.reason = reason
+        return value
+
+
 @dataclass(frozen=True, slots=True)
 class SourceRecord:
     """One input record as read from the log (or a line of a file, offline)."""

@@ -18,9 +18,20 @@ import numpy as np
 
 from worker.core.cache import NEVER_LIVE_MS, PartitionCaches
 from worker.core.embedder import Embedder
-from worker.core.errors import InternalScoringError, OutputTooLargeError, TraceError
+from worker.core.errors import (
+    InternalScoringError,
+    OutputTooLargeError,
+    TraceError,
+    UnreadableRecordError,
+)
 from worker.core.output import DEFAULT_MAX_OUTPUT_BYTES, dead_letter, scored
-from worker.core.records import OTHER_DOMAIN, Decision, RoutedRecord, SourceRecord
+from worker.core.records import (
+    OTHER_DOMAIN,
+    Decision,
+    RoutedRecord,
+    SourceRecord,
+    UnreadableValue,
+)
 from worker.core.scoring import Novelty, ProfileSet, load_profiles, score_trace
 from worker.core.trace import DEFAULT_MAX_BYTES, DEFAULT_MAX_CONTAINERS, Trace, parse_trace
 from worker.settings import Settings
@@ -115,6 +126,8 @@ class Scorer:
         return domain if domain in self.profiles.names else OTHER_DOMAIN
 
     def decode(self, record: SourceRecord) -> Trace | TraceError:
+        if isinstance(record.value, UnreadableValue):
+            return UnreadableRecordError(record.value.reason)
         try:
             return parse_trace(record.value, self.max_message_bytes, self.max_json_containers)
         except TraceError as error:

@@ -28,11 +28,14 @@ from aiokafka.errors import (
 from worker.core.errors import one_line
 from worker.core.output import is_refused_form, output_topics, refused, without_value
 from worker.core.records import Decision, RoutedRecord, SourceRecord
+from worker.io import unreadable
 from worker.retry import backoff
 from worker.settings import Settings
 from worker.stream.observer import MetricsObserver
 
 log = logging.getLogger(__name__)
+# Every consumer of this process turns a batch it cannot read into dead letters.
+unreadable.install()
 
 PUBLISH_RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0)
 STOP_TIMEOUT_SECONDS = 5.0

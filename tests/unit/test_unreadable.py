@@ -1,0 +1,102 @@
+"""A record batch the Kafka client cannot read becomes dead letters instead of ending the
+consumer (``worker/io/unreadable.py``); aiokafka's own reading is checked too, so these tests
+fail when the library changes what the override builds on."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.consumer import fetcher
+from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
+from aiokafka.record.memory_records import MemoryRecords
+
+import worker.io.kafka  # noqa: F401  (installs the tolerant reading, as the worker does)
+from worker.core.records import Decision, SourceRecord, UnreadableValue
+from worker.core.scorer import build_scorer
+from worker.io import unreadable
+from worker.settings import Settings
+
+from support.traces import trace_bytes
+
+TP = TopicPartition("kp.traces.raw", 0)
+
+
+class NotUtf8Name(str):
+    """A header name whose bytes on the wire are not UTF-8, as a Go or C producer can send."""
+
+    def encode(self, *args: object, **kwargs: object) -> bytes:  # type: ignore[override]
+        return b"\xff\xfe-name"
+
+
+def batch(headers_of: dict[int, list[tuple[str, bytes]]], count: int = 3) -> bytes:
+    """One record batch of ``count`` records (offsets 0..count-1), values ``v0``, ``v1``, ..."""
+    builder = _DefaultRecordBatchBuilderPy(
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    for offset in range(count):
+        value = f"v{offset}".encode()
+        builder.append(offset, 1_700_000_000_000, b"k", value, headers_of.get(offset, []))
+    return bytes(builder.build())
+
+
+def read(raw: bytes, records_class: type) -> list:
+    records = records_class(TP, MemoryRecords(raw), None, 0, None, None, True, "read_uncommitted")
+    return list(records)
+
+
+def test_aiokafka_still_refuses_a_header_name_that_is_not_utf8() -> None:
+    """Why the override exists: aiokafka's own reading raises, which ends a consumer."""
+    raw = batch({1: [(NotUtf8Name("h"), b"v")]})
+    with pytest.raises(Exception, match=r"utf-8|UnicodeDecodeError"):
+        read(raw, unreadable._TolerantPartitionRecords.__mro__[1])
+
+
+def test_the_override_is_installed_for_every_consumer() -> None:
+    assert fetcher.PartitionRecords is unreadable._TolerantPartitionRecords
+    assert issubclass(fetcher.PartitionRecords, unreadable._TolerantPartitionRecords.__mro__[1])
+
+
+def test_a_readable_batch_reads_as_aiokafka_reads_it() -> None:
+    raw = batch({0: [("trace", b"t")], 2: [("a", b"1"), ("b", b"2")]})
+    plain = read(raw, unreadable._TolerantPartitionRecords.__mro__[1])
+    tolerant = read(raw, fetcher.PartitionRecords)
+    assert [(r.offset, r.key, r.value, r.headers, r.timestamp) for r in tolerant] == [
+        (r.offset, r.key, r.value, r.headers, r.timestamp) for r in plain
+    ]
+    assert [r.value for r in tolerant] == [b"v0", b"v1", b"v2"]
+
+
+def test_an_unreadable_batch_is_one_unreadable_record_per_offset() -> None:
+    raw = batch({1: [(NotUtf8Name("h"), b"v")]})
+    records = read(raw, fetcher.PartitionRecords)
+    assert [r.offset for r in records] == [0, 1, 2]
+    for record in records:
+        assert isinstance(record.value, UnreadableValue)
+        assert record.value == b"" and record.key is None and record.headers == ()
+        assert "cannot read this record's batch" in record.value.reason
+        assert "UnicodeDecodeError" in record.value.reason or "utf-8" in record.value.reason
+        assert record.timestamp == 1_700_000_000_000
+
+
+def test_an_unreadable_record_is_dead_lettered_without_a_value() -> None:
+    scorer = build_scorer(Settings(), use_embedder=False)
+    unreadable_record = SourceRecord(
+        "kp.traces.raw", 0, 7, 1_000, None, UnreadableValue("the Kafka client cannot read it")
+    )
+    readable = SourceRecord("kp.traces.raw", 0, 8, 1_000, b"k", trace_bytes())
+    dead, scored = scorer.score_batch([unreadable_record, readable]).routed
+    assert dead.decision is Decision.DEAD_LETTER and dead.error is not None
+    assert dead.error.kind == "unreadable"
+    assert dead.value is None and dead.key == b""  # publishable: see kp-key-null
+    headers = dict(dead.headers)
+    assert headers["kp-error-kind"] == b"unreadable"
+    assert headers["kp-source-offset"] == b"7"
+    assert b"read the original" in headers["kp-value-omitted"]
+    assert headers["kp-key-null"] == b"true"
+    assert scored.decision is not Decision.DEAD_LETTER
