@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import os
 import select
 import subprocess
@@ -38,9 +39,13 @@ class DevTools:
         to_browser_r, self._write = os.pipe()
         self._read, from_browser_w = os.pipe()
 
-        def child_fds() -> None:  # the browser's fds 3 and 4 are its end of the pipes
-            os.dup2(to_browser_r, 3)
-            os.dup2(from_browser_w, 4)
+        def child_fds() -> None:
+            """The browser's fds 3 and 4 are its ends of the pipes (moved out of the way
+            first: either end may itself be fd 3 or 4)."""
+            reading = fcntl.fcntl(to_browser_r, fcntl.F_DUPFD, 10)
+            writing = fcntl.fcntl(from_browser_w, fcntl.F_DUPFD, 10)
+            os.dup2(reading, 3)
+            os.dup2(writing, 4)
 
         self.process = subprocess.Popen(
             [
@@ -121,8 +126,9 @@ class DevTools:
         os.close(self._read)
 
 
-def visit(browser: Path, page: Path, script: str, width: int = 1100) -> PageVisit:
-    """Open ``page`` (a local file), run ``script`` once it has loaded, screenshot it whole."""
+def visit(browser: Path, url: str, script: str, width: int = 1100) -> PageVisit:
+    """Open ``url`` (e.g. a local file's ``Path.as_uri()``), run ``script`` once it has
+    loaded, screenshot the whole page."""
     with tempfile.TemporaryDirectory(prefix="kp-browser-") as profile:
         tools = DevTools(browser, Path(profile))
         try:
@@ -141,7 +147,7 @@ def visit(browser: Path, page: Path, script: str, width: int = 1100) -> PageVisi
                 mobile=False,
             )
             tools.events.clear()
-            navigation = tools.send("Page.navigate", session, url=page.resolve().as_uri())
+            navigation = tools.send("Page.navigate", session, url=url)
             result = PageVisit()
             if navigation.get("errorText"):
                 result.errors.append(f"navigation: {navigation['errorText']}")

@@ -46,16 +46,19 @@ def isolated(isolated_settings: None) -> None:
 
 
 @pytest.mark.timeout(900)  # a fresh machine installs Chromium first
-def test_every_chart_renders_in_chromium_without_errors(tmp_path: Path) -> None:
+def test_every_chart_renders_in_chromium_without_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     browser = headless_browser()
+    monkeypatch.chdir(tmp_path)  # the page names its source as given: scored.jsonl
     outputs, errors = scored_examples(model_scorer())
     corpus = tmp_path / "scored.jsonl"
     corpus.write_bytes(replicate(outputs, errors, 600))
     page = tmp_path / "report.html"
     flags = ["--threshold", "0.6", "--domain-threshold", "finance=0.7"]
-    assert main(["report", str(corpus), *flags, "--output", str(page), "--quiet"]) == 0
+    assert main(["report", corpus.name, *flags, "--output", str(page), "--quiet"]) == 0
 
-    seen = visit(browser, page, MEASURE)
+    seen = visit(browser, page.resolve().as_uri(), MEASURE)
 
     assert not seen.errors, seen.errors
     assert [chart["name"] for chart in seen.value] == CHARTS
@@ -81,6 +84,6 @@ def test_a_page_error_is_seen(tmp_path: Path) -> None:
         '<!DOCTYPE html><html><body><img src="missing.png">'
         '<script>console.error("drawn badly")</script></body></html>'
     )
-    seen = visit(browser, page, "1")
+    seen = visit(browser, page.as_uri(), "1")
     assert any("drawn badly" in error for error in seen.errors), seen.errors
     assert any("missing.png" in error for error in seen.errors), seen.errors
