@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -38,15 +39,23 @@ def runs(program: Path, *args: str) -> bool:
 
 
 def apt_get(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["apt-get", "-q", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=APT_TIMEOUT_SECONDS,
-        check=False,
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-    )
+    """``apt-get ARGS``, waiting for apt's locks: tests in parallel processes may fetch
+    packages at the same time."""
+    deadline = time.monotonic() + APT_TIMEOUT_SECONDS
+    while True:
+        result = subprocess.run(
+            ["apt-get", "-q", "-o", f"DPkg::Lock::Timeout={int(APT_TIMEOUT_SECONDS)}", *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=APT_TIMEOUT_SECONDS,
+            check=False,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
+        locked = result.returncode != 0 and "Could not get lock" in result.stderr
+        if not locked or time.monotonic() > deadline:
+            return result
+        time.sleep(5)
 
 
 def _with_fresh_lists(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from support.debian import apt_get, extract_file
 from support.deploy_files import (
     ALERTS,
     PROMETHEUS,
@@ -53,46 +54,18 @@ def runs(promtool: Path) -> bool:
     return result.returncode == 0
 
 
-def apt_get(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["apt-get", "-q", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 def download_debian_package(directory: Path) -> Path:
     """The .deb of Debian's prometheus package, in ``directory``; refreshes the package
     lists once (as root) when they do not know the package yet."""
-    result = apt_get("download", DEBIAN_PACKAGE, cwd=directory, timeout=180)
+    result = apt_get("download", DEBIAN_PACKAGE, cwd=directory)
     if result.returncode != 0 and os.geteuid() == 0:
-        update = apt_get("update", cwd=directory, timeout=180)
+        update = apt_get("update", cwd=directory)
         if update.returncode == 0:
-            result = apt_get("download", DEBIAN_PACKAGE, cwd=directory, timeout=180)
+            result = apt_get("download", DEBIAN_PACKAGE, cwd=directory)
     debs = sorted(directory.glob(f"{DEBIAN_PACKAGE}_*.deb"))
     if result.returncode != 0 or not debs:
         raise RuntimeError(f"apt-get download {DEBIAN_PACKAGE} failed: {result.stderr.strip()}")
     return debs[0]
-
-
-def extract_promtool(deb: Path, target: Path) -> None:
-    """Copy usr/bin/promtool out of a .deb (streamed through dpkg-deb; nothing installed)."""
-    command = ["dpkg-deb", "--fsys-tarfile", str(deb)]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as deb_tar:
-        assert deb_tar.stdout is not None
-        with tarfile.open(fileobj=deb_tar.stdout, mode="r|") as archive:
-            for member in archive:
-                if member.name == PROMTOOL_IN_PACKAGE and member.isfile():
-                    source = archive.extractfile(member)
-                    assert source is not None
-                    with target.open("wb") as out:
-                        shutil.copyfileobj(source, out)
-                    target.chmod(0o755)
-                    return  # dpkg-deb stops on the closed pipe; the rest is not needed
-    raise RuntimeError(f"{deb.name} has no {PROMTOOL_IN_PACKAGE} (dpkg-deb: {deb_tar.returncode})")
 
 
 def obtain_promtool() -> Path:
@@ -119,7 +92,7 @@ def obtain_promtool() -> Path:
         try:
             deb = download_debian_package(Path(scratch))
             partial = Path(scratch) / "promtool"
-            extract_promtool(deb, partial)
+            extract_file(deb, PROMTOOL_IN_PACKAGE, partial)
         except (RuntimeError, OSError, subprocess.TimeoutExpired, tarfile.TarError) as exc:
             pytest.skip(f"promtool not found, and fetching Debian's {DEBIAN_PACKAGE} failed: {exc}")
         if not runs(partial):
