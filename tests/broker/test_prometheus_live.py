@@ -9,10 +9,11 @@ scrapes it: accepted, rejected and dead-lettered ones.
 
 Then every expression of every dashboard panel, variable and annotation, read from the
 dashboard JSON as it is, is queried through Prometheus's HTTP API with Grafana's variables
-set to "All" and must return data, except the few listed in ``EMPTY_BY_DESIGN`` (each says
-why). So a renamed metric or label (a panel reading "No data") fails here. Every alert rule
-must evaluate with health ``ok``, and stopping the broker must make KpScorerBrokerUnreachable
-pending (its expression and ``for:`` as deployed).
+set to "All" and must return a number, except the few listed in ``EMPTY_BY_DESIGN`` (each
+says why), and every label it names must be on the series. So a renamed metric or label (a
+panel reading "No data", or a blank legend) fails here. Every alert rule must evaluate with
+health ``ok`` over metrics that exist, and stopping the broker must make
+KpScorerBrokerUnreachable pending (its expression and ``for:`` as deployed).
 """
 
 from __future__ import annotations
@@ -63,9 +64,14 @@ GRAFANA_VARIABLES = {"__rate_interval": "15s", "__interval": "1s", "__range": "1
 LABEL_VALUES = re.compile(r"^\s*label_values\((?P<selector>.+),\s*(?P<label>\w+)\s*\)\s*$")
 DOMAINS = ("finance", "code")  # two domains with profiles of their own: their own labels
 WAVES = 3  # of traffic, a few seconds apart, so that rates over 15 s are not zero
-# Expressions that return nothing on a healthy worker whose traffic is all in order; each
-# with why. Matched against the expression with the variables substituted.
-EMPTY_BY_DESIGN: dict[str, str] = {}
+# Metrics whose panels may read "No data" (or NaN) on this workload, each with why; any
+# other expression without data (NaN alone counts as none) fails.
+EMPTY_BY_DESIGN: dict[str, str] = {
+    # Its p95 is NaN until a partition's novelty cache is rebuilt from its history, which
+    # happens when a worker takes over a partition that already has records (a restart or
+    # a rebalance); this workload starts from empty topics with one worker.
+    "kp_cache_rebuild_seconds_bucket": "no cache rebuild in a single worker's first run",
+}
 # Labels that a healthy worker's series lack, by design; a ``by`` of them is not flagged.
 ABSENT_LABELS = {
     # kp_embedder_info{reason} says why there is no model: empty while the model is loaded,
@@ -312,10 +318,12 @@ def test_the_workload_makes_every_decision(stack: Stack) -> None:
 
 
 def returns_data(prometheus: Prometheus, expr: str) -> bool:
+    """The expression has a value to show: a series whose value is a number (a panel shows
+    NaN alone as "No data" or "NaN"), or a template query's label values."""
     match = LABEL_VALUES.match(expr)
     if match:  # a Grafana template query: the label's values among the selector's series
         return any(match["label"] in s for s in prometheus.series(match["selector"]))
-    return bool(prometheus.query(expr))
+    return any(result["value"][1] != "NaN" for result in prometheus.query(expr))
 
 
 def unknown_labels(prometheus: Prometheus, expr: str) -> list[str]:
@@ -354,14 +362,15 @@ def test_every_dashboard_expression_returns_data(stack: Stack) -> None:
     wrong = []
     for query in queries:
         expr = substitute(query.expr, values)
-        if returns_data(stack.prometheus, expr) == (expr in EMPTY_BY_DESIGN):
+        may_be_empty = promql_metric_names(expr) & set(EMPTY_BY_DESIGN)
+        if not may_be_empty and not returns_data(stack.prometheus, expr):
             wrong.append(f"{query.where}: no data: {expr}")
         unknown = unknown_labels(stack.prometheus, expr)
         if unknown:
             wrong.append(f"{query.where}: labels no series has: {unknown}: {expr}")
     assert not wrong, (
-        "dashboard expressions that name a metric or label the worker does not export (or "
-        "listed as empty by design but returning data):\n" + "\n".join(wrong)
+        "dashboard expressions that name a metric or label the worker does not export:\n"
+        + "\n".join(wrong)
     )
 
 
