@@ -3,7 +3,7 @@ server from ``prometheus`` (fetched with ``apt-get download`` and extracted, not
 system-wide) and the headless browser from ``chromium`` (installed with ``apt-get install``
 where it is missing, which a root CI machine allows).
 
-Downloads are cached in ``/tmp/kp-scorer-test-cache`` (``KP_TEST_CACHE`` overrides), so a
+Downloads are cached in ``/tmp/kp-scorer-test-cache`` (``TEST_CACHE_DIR`` overrides), so a
 machine fetches each package once. Where a program cannot be had, the test is skipped and
 says why.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-CACHE = Path(os.environ.get("KP_TEST_CACHE") or "/tmp/kp-scorer-test-cache")
+CACHE = Path(os.environ.get("TEST_CACHE_DIR") or "/tmp/kp-scorer-test-cache")
 APT_TIMEOUT_SECONDS = 600.0
 
 
