@@ -191,3 +191,18 @@ def test_3000_recorded_outputs_make_the_page_within_2_s(corpus: Path, tmp_path: 
     assert page.stat().st_size > 0
     assert cpu <= REPORT_SECONDS, timings
     assert wall <= 3 * REPORT_SECONDS, timings
+
+
+def test_a_file_of_dead_letters_alone_still_makes_every_chart(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead = tmp_path / "dead.jsonl"
+    dead.write_bytes(b"".join(line + b"\n" for line in corpus.read_bytes().splitlines()[49::50]))
+    page = tmp_path / "report.html"
+    assert main(["report", str(dead), "--output", str(page), "--quiet"]) == 0
+    text = page.read_text()
+    assert set(re.findall(r'data-chart="(\w+)"', text)) == CHARTS
+    assert "no scored records" in text
+    report = run_json(capsys, "report", str(dead), "--json")
+    assert report["scored"] == 0 and report["dead_letters"]["total"] == CORPUS_RECORDS // 50
+    assert report["acceptance"]["grid"][0] == {"threshold": 0.0, "accepted": 0, "share": None}

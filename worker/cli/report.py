@@ -115,6 +115,7 @@ def dimension_chart(figure_type: type[Figure], report: ScoreReport) -> str:
         mean = report.dimension_sums[name] / report.rescored if report.rescored else None
         axes.set_title(name if mean is None else f"{name} (mean {mean:.3f})", fontsize=9)
         axes.set_xlim(0, 1)
+        axes.set_ylim(bottom=0)
         if not report.rescored:
             _note_empty(axes, "no scored records")
     return _svg(figure)
@@ -272,9 +273,14 @@ def render_html(
             "score_by_domain",
             "Score distribution by domain",
             score_chart(figure, report),
-            f"Scores as `rescore` computes them with the settings in force, in bins of 0.02; "
-            f"dashed: the domain's threshold. The {len(drawn)} largest of "
-            f"{len(report.by_domain)} domains (all of them in the tables and in --json).",
+            "Scores as `rescore` computes them with the settings in force, in bins of 0.02; "
+            "dashed: the domain's threshold."
+            + (
+                f" The {len(drawn)} largest of {len(report.by_domain)} domains (all of them in "
+                "the tables and in --json)."
+                if len(drawn) < len(report.by_domain)
+                else ""
+            ),
         ),
         _chart(
             "acceptance",
