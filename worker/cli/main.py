@@ -495,8 +495,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         {**settings.domain_thresholds, **dict(args.domain_threshold or ())},
     )
     output = args.output if args.output is not None else (None if args.json else "report.html")
-    if output is not None and not args.json:
-        try:  # before reading: a missing extra or an unwritable path fails at once
+    if output is not None:
+        try:  # a missing extra fails at once, before anything is read
             from worker.cli.report import figure_class
 
             figure_class()
