@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from worker import __version__
+from worker.core.score_report import AcceptanceCurve
 from worker.dev.process import WorkerProcess
 
 from support.kafka_helpers import ConsumedRecord, consume_all, create_topics, produce
@@ -148,3 +149,49 @@ def test_time_range_selects_by_when_outputs_were_published(kafka_bootstrap: str,
     assert rescore(kafka_bootstrap, env, "--to-time", "2000-01-01T00:00:00")["records"] == 0
     everything = rescore(kafka_bootstrap, env, "--from-time", "2000-01-01T00:00:00")
     assert everything["records"] == sum(len(records) for records in recorded.values())
+
+
+def report(bootstrap: str, env: dict[str, str], *args: str) -> dict[str, Any]:
+    """Run `kp-scorer report --from-topics ... --json` as a process; its numbers."""
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "report", "--from-topics", "--json", *args],
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, **env},
+        capture_output=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return orjson.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def test_report_reads_the_three_output_topics_and_agrees_with_rescore(
+    kafka_bootstrap: str, live
+) -> None:
+    env, _ = live
+    numbers = report(kafka_bootstrap, env)
+    assert numbers["source"] == ", ".join(
+        env[f"KP_{name}_TOPIC"] for name in ("ACCEPTED", "REJECTED", "DEAD_LETTER")
+    )
+    assert numbers["records"] == TRACES + len(MALFORMED)
+    assert numbers["scored"] == TRACES
+    assert numbers["dead_letters"] == {
+        "total": len(MALFORMED),
+        "by_kind": {"invalid_json": 1, "schema": 1},
+    }
+    steps = numbers["acceptance"]["steps"]
+    curve = AcceptanceCurve(numbers["scored"], steps["threshold"], steps["accepted"])
+    for threshold in (0.3, 0.5, 0.75):
+        rescored = rescore(kafka_bootstrap, env, "--threshold", str(threshold))
+        assert curve.accepted_at(threshold) == rescored["decisions"]["after"]["accepted"]
+
+
+def test_rescore_counts_dead_letters_read_from_the_dead_letter_topic(
+    kafka_bootstrap: str, live
+) -> None:
+    """A dead letter is never scored: counted as one, not as an output it cannot re-score."""
+    env, recorded = live
+    topics = ["--topic", env["KP_ACCEPTED_TOPIC"], "--topic", env["KP_DEAD_LETTER_TOPIC"]]
+    summary = rescore(kafka_bootstrap, env, *topics)
+    assert summary["dead_letters"] == len(MALFORMED)
+    assert summary["unrescorable"] == {}
+    assert summary["rescored"] == len(recorded["accepted"])

@@ -7,8 +7,8 @@ Operator carries exactly the groups of alerts.yml.
 Where promtool comes from, first found: the PROMTOOL environment variable (a path), the PATH,
 a copy cached by an earlier run, or Debian's ``prometheus`` package, which ships it (Apache-2.0;
 no PyPI package does): ``apt-get download`` fetches the package and promtool alone is
-extracted into the user cache, nothing is installed. Where none of these works, the promtool
-tests are skipped and say why.
+extracted into the tests' cache (tests/support/debian.py), nothing is installed. Where none
+of these works, the promtool tests are skipped and say why.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tarfile
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from support.debian import debian_program
 from support.deploy_files import (
     ALERTS,
     PROMETHEUS,
@@ -34,98 +33,16 @@ from support.deploy_files import (
     load_yaml,
 )
 
-DEBIAN_PACKAGE = "prometheus"
-PROMTOOL_IN_PACKAGE = "./usr/bin/promtool"
-PROMTOOL_CACHE = (
-    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kp-scorer" / "promtool"
-)
 RULE_TESTS = sorted(PROMTOOL_TESTS.glob("*_test.yml"))
 
 
 # -- promtool -------------------------------------------------------------------------------
-def runs(promtool: Path) -> bool:
-    try:
-        result = subprocess.run(
-            [str(promtool), "--version"], capture_output=True, timeout=30, check=False
-        )
-    except OSError:
-        return False
-    return result.returncode == 0
-
-
-def apt_get(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["apt-get", "-q", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def download_debian_package(directory: Path) -> Path:
-    """The .deb of Debian's prometheus package, in ``directory``; refreshes the package
-    lists once (as root) when they do not know the package yet."""
-    result = apt_get("download", DEBIAN_PACKAGE, cwd=directory, timeout=180)
-    if result.returncode != 0 and os.geteuid() == 0:
-        update = apt_get("update", cwd=directory, timeout=180)
-        if update.returncode == 0:
-            result = apt_get("download", DEBIAN_PACKAGE, cwd=directory, timeout=180)
-    debs = sorted(directory.glob(f"{DEBIAN_PACKAGE}_*.deb"))
-    if result.returncode != 0 or not debs:
-        raise RuntimeError(f"apt-get download {DEBIAN_PACKAGE} failed: {result.stderr.strip()}")
-    return debs[0]
-
-
-def extract_promtool(deb: Path, target: Path) -> None:
-    """Copy usr/bin/promtool out of a .deb (streamed through dpkg-deb; nothing installed)."""
-    command = ["dpkg-deb", "--fsys-tarfile", str(deb)]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as deb_tar:
-        assert deb_tar.stdout is not None
-        with tarfile.open(fileobj=deb_tar.stdout, mode="r|") as archive:
-            for member in archive:
-                if member.name == PROMTOOL_IN_PACKAGE and member.isfile():
-                    source = archive.extractfile(member)
-                    assert source is not None
-                    with target.open("wb") as out:
-                        shutil.copyfileobj(source, out)
-                    target.chmod(0o755)
-                    return  # dpkg-deb stops on the closed pipe; the rest is not needed
-    raise RuntimeError(f"{deb.name} has no {PROMTOOL_IN_PACKAGE} (dpkg-deb: {deb_tar.returncode})")
-
-
 def obtain_promtool() -> Path:
     """promtool, or ``pytest.skip`` saying why none can be had."""
-    if os.environ.get("PROMTOOL"):
-        explicit = Path(os.environ["PROMTOOL"])
-        if not runs(explicit):
-            pytest.fail(f"PROMTOOL={explicit} does not run")
-        return explicit
     on_path = shutil.which("promtool")
-    if on_path:
+    if on_path and not os.environ.get("PROMTOOL"):
         return Path(on_path)
-    cached = PROMTOOL_CACHE / "promtool"
-    if runs(cached):
-        return cached
-    missing = [tool for tool in ("apt-get", "dpkg-deb") if not shutil.which(tool)]
-    if missing:
-        pytest.skip(
-            f"promtool not found (PROMTOOL, PATH, {cached}), and no {' or '.join(missing)} to "
-            f"fetch it from Debian's {DEBIAN_PACKAGE} package"
-        )
-    PROMTOOL_CACHE.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=PROMTOOL_CACHE) as scratch:
-        try:
-            deb = download_debian_package(Path(scratch))
-            partial = Path(scratch) / "promtool"
-            extract_promtool(deb, partial)
-        except (RuntimeError, OSError, subprocess.TimeoutExpired, tarfile.TarError) as exc:
-            pytest.skip(f"promtool not found, and fetching Debian's {DEBIAN_PACKAGE} failed: {exc}")
-        if not runs(partial):
-            pytest.skip(f"the promtool of Debian's {DEBIAN_PACKAGE} package does not run here")
-        os.replace(partial, cached)  # atomic: a concurrent run sees all of it or nothing
-    return cached
+    return debian_program("prometheus", "promtool", "PROMTOOL")
 
 
 @pytest.fixture(scope="module")

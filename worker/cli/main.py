@@ -1,4 +1,5 @@
-"""kp-scorer command line: worker, demo, score (offline JSONL), replay, rescore, settings, check."""
+"""kp-scorer command line: worker, demo, score (offline JSONL), replay, rescore, report,
+settings, check."""
 
 from __future__ import annotations
 
@@ -421,7 +422,11 @@ def cmd_rescore(args: argparse.Namespace) -> int:
 
 
 def _rescore_file(
-    args: argparse.Namespace, rescorer: Rescorer, out: BinaryIO | None, quiet: bool
+    args: argparse.Namespace,
+    rescorer: Rescorer,
+    out: BinaryIO | None,
+    quiet: bool,
+    summary: RescoreSummary | None = None,
 ) -> tuple[RescoreSummary, str] | None:
     """File mode: a JSONL of scored outputs (or stdin), the same lines re-scored to ``out``."""
     from worker.cli.rescore import rescore_stream
@@ -430,7 +435,7 @@ def _rescore_file(
         "rescoring",
         args.file,
         quiet,
-        lambda stream, advance: rescore_stream(rescorer, stream, out, advance),
+        lambda stream, advance: rescore_stream(rescorer, stream, out, advance, summary=summary),
     )
 
 
@@ -440,17 +445,23 @@ def _rescore_topics(
     rescorer: Rescorer,
     out: BinaryIO | None,
     quiet: bool,
+    summary: RescoreSummary | None = None,
+    default_topics: Sequence[str] | None = None,
 ) -> tuple[RescoreSummary, str] | None:
-    """Topic mode: ranges of the accepted/rejected topics, read without a group."""
+    """Topic mode: ranges of the accepted/rejected topics (or ``default_topics``), read
+    without a group."""
     from worker.cli.rescore import RescoreRange, run_rescore_topics
 
-    topics = args.topic or [settings.accepted_topic, settings.rejected_topic]
+    topics = args.topic or list(
+        default_topics or (settings.accepted_topic, settings.rejected_topic)
+    )
     scope = RescoreRange(topics=topics, **_range_flags(args))
+    output_prefix = getattr(args, "output_prefix", None)
     result = _with_record_progress(
         "rescoring",
         settings,
         lambda advance: run_rescore_topics(
-            settings, rescorer, scope, args.output_prefix, out, advance
+            settings, rescorer, scope, output_prefix, out, advance, summary
         ),
         quiet=quiet,
     )
@@ -458,6 +469,82 @@ def _rescore_topics(
         return None
     summary = result
     return summary, ", ".join(topics)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """The score report of recorded outputs: an HTML page, or its numbers as JSON."""
+    import orjson
+    from rich.markup import escape
+
+    from worker.core.rescoring import Rescorer
+    from worker.core.score_report import ScoreReport
+    from worker.core.scoring import load_profiles
+
+    if args.from_topics and args.file is not None:
+        err_console.print("[red]kp-scorer: give a FILE or --from-topics, not both[/red]")
+        return 2
+    used = [
+        flag for flag, name in _RESCORE_TOPIC_FLAGS.items() if getattr(args, name, None) is not None
+    ]
+    if not args.from_topics and used:
+        err_console.print(f"[red]kp-scorer: {', '.join(used)} need --from-topics[/red]")
+        return 2
+    if args.file is None and not args.from_topics:
+        err_console.print("[red]kp-scorer: give a FILE of scored outputs or --from-topics[/red]")
+        return 2
+    settings = _checked_settings(args)
+    configure_logging(
+        "WARNING" if settings.log_level == "INFO" else settings.log_level,
+        settings.log_repeat_interval_seconds,
+    )
+    rescorer = Rescorer(
+        load_profiles(settings.profiles_file),
+        settings.accept_threshold,
+        {**settings.domain_thresholds, **dict(args.domain_threshold or ())},
+    )
+    output = args.output if args.output is not None else (None if args.json else "report.html")
+    if output is not None:
+        try:  # a missing extra fails at once, before anything is read
+            from worker.cli.report import figure_class
+
+            figure_class()
+        except RuntimeError as exc:
+            err_console.print(f"[red]kp-scorer: {escape(str(exc))}[/red]")
+            return 2
+    report = ScoreReport()
+    quiet = args.quiet or not err_console.is_terminal
+    if args.from_topics:
+        topics = (settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic)
+        found = _rescore_topics(args, settings, rescorer, None, quiet, report, topics)
+    else:
+        found = _rescore_file(args, rescorer, None, quiet, report)
+    if found is None:
+        return 2
+    _, source = found
+    thresholds = dict(rescorer.domain_thresholds)
+    if output is not None:
+        from worker.cli.report import PlottingUnavailableError, render_html
+
+        try:
+            page = render_html(report, source, rescorer.threshold, thresholds)
+        except PlottingUnavailableError as exc:
+            err_console.print(f"[red]kp-scorer: {escape(str(exc))}[/red]")
+            return 2
+        try:
+            Path(output).write_text(page, encoding="utf-8")
+        except OSError as exc:
+            err_console.print(f"[red]kp-scorer: cannot write {output}: {exc}[/red]")
+            return 2
+        err_console.print(
+            f"report of {report.rescored} scored records and {report.dead_letters} dead "
+            f"letters from {source} written to {output}"
+        )
+    if args.json:
+        numbers = {"source": source, **report.report_json(rescorer.threshold, thresholds)}
+        sys.stdout.write(orjson.dumps(numbers, option=orjson.OPT_INDENT_2).decode())
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    return 0
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
@@ -602,6 +689,53 @@ def build_parser() -> argparse.ArgumentParser:
     rescore.add_argument("--json", action="store_true", help="summary as JSON, not tables")
     rescore.add_argument("--quiet", action="store_true", help="no progress bar")
     rescore.set_defaults(func=cmd_rescore)
+
+    report = commands.add_parser(
+        "report",
+        help="an HTML page of score distributions and acceptance by threshold, from recorded "
+        "outputs (recorded novelty, no model)",
+    )
+    report.add_argument(
+        "file", nargs="?", help="JSONL of scored outputs (as `score` writes), or - for stdin"
+    )
+    report.add_argument(
+        "--from-topics",
+        action="store_true",
+        help="read the accepted, rejected and dead-letter topics instead of a file",
+    )
+    report.add_argument(
+        "--topic",
+        action="append",
+        help="with --from-topics: a topic to read (repeatable; default: KP_ACCEPTED_TOPIC, "
+        "KP_REJECTED_TOPIC and KP_DEAD_LETTER_TOPIC)",
+    )
+    start = report.add_mutually_exclusive_group()
+    start.add_argument("--from-offset", type=int, help="first offset (default: the beginning)")
+    start.add_argument("--from-time", type=_iso, help="first output at or after this ISO time")
+    end = report.add_mutually_exclusive_group()
+    end.add_argument("--to-offset", type=int, help="stop before this offset")
+    end.add_argument("--to-time", type=_iso, help="stop at the first output at or after this")
+    report.add_argument(
+        "--partitions", type=_partition_list, help="of the topics read, e.g. 0,2 (default: all)"
+    )
+    report.add_argument(
+        "--output",
+        "-o",
+        metavar="PATH",
+        help="the HTML page (default report.html; with --json, only when given)",
+    )
+    report.add_argument("--profiles", type=Path, help="weight profiles JSON file")
+    report.add_argument("--threshold", type=float, help="accept threshold")
+    report.add_argument(
+        "--domain-threshold",
+        type=_domain_threshold,
+        action="append",
+        metavar="DOMAIN=T",
+        help="accept threshold for one task_domain (repeatable; adds to KP_DOMAIN_THRESHOLDS)",
+    )
+    report.add_argument("--json", action="store_true", help="the numbers as JSON on stdout")
+    report.add_argument("--quiet", action="store_true", help="no progress bar")
+    report.set_defaults(func=cmd_report)
 
     show = commands.add_parser(
         "settings", help="print the effective settings by variable name (secrets masked)"

@@ -22,7 +22,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from worker.core.records import Decision
+from worker.core.output import HEADER_PREFIX
+from worker.core.records import Decision, SourceRecord
 from worker.core.rescoring import (
     NotRescored,
     Rescored,
@@ -62,8 +63,9 @@ def rescore_block(
             )
         else:
             if type(document) is dict and "error" in document and is_error_line(document):
-                summary.records += 1
-                summary.dead_letters += 1
+                error = document["error"]
+                kind = error.get("kind") if type(error) is dict else None
+                summary.add_dead_letter(kind if type(kind) is str else None)
                 parts.append(line)
                 continue
             result = rescore(document)
@@ -98,13 +100,14 @@ def rescore_stream(
     out: IO[bytes] | None,
     on_progress: Callable[[int, int], None] | None = None,
     block_bytes: int = BLOCK_BYTES,
+    summary: RescoreSummary | None = None,
 ) -> RescoreSummary:
     """Re-score every line of ``stream``; write one line per input line, in order, to ``out``.
 
     Works a block of lines at a time (one read, one write each): per line there is only the
-    JSON and the arithmetic.
+    JSON and the arithmetic. ``summary`` (a fresh one by default) counts the results.
     """
-    summary = RescoreSummary()
+    summary = RescoreSummary() if summary is None else summary
     line = 1
     for block in _blocks(stream, block_bytes):
         before = summary.records
@@ -117,6 +120,17 @@ def rescore_stream(
     if out is not None:
         out.flush()
     return summary
+
+
+DEAD_LETTER_KIND_HEADER = f"{HEADER_PREFIX}error-kind"
+
+
+def dead_letter_kind(record: SourceRecord) -> str | None:
+    """The error kind of a dead letter (its ``kp-error-kind`` header); None for an output."""
+    for name, value in record.headers:
+        if name == DEAD_LETTER_KIND_HEADER:
+            return value.decode("utf-8", "replace")
+    return None
 
 
 @dataclass(frozen=True)
@@ -142,9 +156,12 @@ async def rescore_topics(
     output_prefix: str | None = None,
     out: IO[bytes] | None = None,
     on_progress: Callable[[int, int | None], None] | None = None,
+    summary: RescoreSummary | None = None,
 ) -> RescoreSummary:
     """Re-score ranges of the output topics; optionally publish to ``PREFIX.*`` and/or write
-    JSONL. Unrescorable records are counted and written to ``out``, never published."""
+    JSONL. Unrescorable records are counted and written to ``out``, never published; dead
+    letters (records with a ``kp-error-kind`` header, as in the dead-letter topic) are
+    counted by kind, and neither written nor published."""
     from worker.core.output import output_topics, prefixed_topics
     from worker.io.kafka import (
         COMMAND_GIVE_UP_SECONDS,
@@ -155,7 +172,7 @@ async def rescore_topics(
 
     reader = PartitionLogReader(settings)
     publisher: Publisher | None = None
-    summary = RescoreSummary()
+    summary = RescoreSummary() if summary is None else summary
     await reader.start()
     try:
         plan: list[tuple[str, int, int, int | None]] = []
@@ -202,6 +219,10 @@ async def rescore_topics(
                 for record in chunk:
                     if from_ms is not None and record.timestamp_ms < from_ms:
                         continue  # before the range: a broker may seek by time only roughly
+                    kind = dead_letter_kind(record)
+                    if kind is not None:
+                        summary.add_dead_letter(kind)
+                        continue
                     result = rescorer.rescore_value(record.value)
                     summary.add(result, f"{topic}[{partition}]@{record.offset}")
                     if isinstance(result, Rescored):
@@ -232,8 +253,11 @@ def run_rescore_topics(
     output_prefix: str | None,
     out: IO[bytes] | None,
     on_progress: Callable[[int, int | None], None] | None,
+    summary: RescoreSummary | None = None,
 ) -> RescoreSummary:
-    return asyncio.run(rescore_topics(settings, rescorer, scope, output_prefix, out, on_progress))
+    return asyncio.run(
+        rescore_topics(settings, rescorer, scope, output_prefix, out, on_progress, summary)
+    )
 
 
 # --- summary --------------------------------------------------------------------------------

@@ -328,6 +328,12 @@ class RescoreSummary:
         index = min(max(bisect_right(DELTA_BINS, delta) - 1, 0), len(self.histogram) - 1)
         self.histogram[index] += 1
 
+    def add_dead_letter(self, kind: str | None) -> None:
+        """Count one dead letter (a `score` error line, or a record of the dead-letter topic):
+        never scored, so nothing to re-score; ``kind`` is its error kind, when known."""
+        self.records += 1
+        self.dead_letters += 1
+
     def delta_histogram(self) -> list[tuple[str, float, float, int]]:
         """(label, low, high, records) per bin; bins are [low, high), the last one closed."""
         return [
