@@ -4,14 +4,14 @@ N MiB of one repeated byte, in one gzip batch (about 1/1000 of that on the wire)
     python bench/compression_bomb.py [--mib 1024] [--codec gzip] [--env KEY=VALUE ...]
 
 The worker bounds what one fetch brings (``Settings.fetch_max_bytes``), but Kafka returns a
-first batch whole whatever the bound, and aiokafka decompresses a whole batch in memory, then
-copies each value out of it: what a batch costs is bounded only by its decompressed size,
-which the broker's ``message.max.bytes`` (a limit on the compressed batch) does not bound.
-Starts the embedded broker and one `kp-scorer worker` (shipped settings unless --env says
-otherwise), produces the bomb and then one ordinary trace, waits until the bomb is
-dead-lettered (too_large) and the trace scored, and prints the worker's resident memory
-before (VmRSS, and its peak so far, VmHWM) and its peak after (VmHWM). The Deployment's
-memory limit (deploy/k8s/deployment.yaml) is sized from this figure.
+first batch whole whatever the bound, and the broker's ``message.max.bytes`` limits a batch
+compressed, not decompressed. The worker decompresses a batch no further than
+``KP_MAX_BATCH_BYTES`` (64 MiB; ``worker/io/unreadable.py``): a larger one is dead-lettered as
+``unreadable``, record by record. Starts the embedded broker and one `kp-scorer worker`
+(shipped settings unless --env says otherwise), produces the bomb and then one ordinary
+trace, waits until the bomb is dead-lettered and the trace scored, and prints the worker's
+resident memory before (VmRSS, and its peak so far, VmHWM) and its peak after (VmHWM). The
+Deployment's memory limit (deploy/k8s/deployment.yaml) is sized from this figure.
 """
 
 from __future__ import annotations

@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     # Largest record published. A scored output over it goes to dead-letter as
     # output_too_large; a dead letter over it is published without its value.
     max_output_bytes: PositiveInt = 2_097_152
+    # Largest a fetched batch may decompress to; a larger one (a compression bomb) is
+    # dead-lettered as unreadable, record by record, without being decompressed whole.
+    max_batch_bytes: PositiveInt = 67_108_864
 
     # Scoring
     profiles_file: Path | None = None
@@ -202,6 +205,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 "KP_MAX_OUTPUT_BYTES must exceed KP_MAX_MESSAGE_BYTES (outputs carry the input)"
             )
+        if self.max_batch_bytes < self.output_record_limit:
+            raise ValueError(
+                "KP_MAX_BATCH_BYTES must be at least KP_MAX_OUTPUT_BYTES plus 64 KiB "
+                f"({self.output_record_limit}): a batch holds at least one whole record"
+            )
         if self.embed_engine == "int8" and self.embed_batch_size != 1:
             raise ValueError(
                 "KP_EMBED_ENGINE=int8 needs KP_EMBED_BATCH_SIZE=1: its activation scale spans a "
@@ -218,7 +226,8 @@ class Settings(BaseSettings):
         """Bytes one fetch may bring, from one partition or from all together: room for the
         largest input twice. Kafka still returns a first batch larger than this whole (so a
         consumer always progresses); what bounds a batch then is the broker's
-        ``message.max.bytes``, and its decompressed size is not bounded (README, "Memory")."""
+        ``message.max.bytes``, and its decompressed size is ``KP_MAX_BATCH_BYTES``
+        (README, "Memory")."""
         return max(1_048_576, self.max_message_bytes * 2)
 
     @property

@@ -1,9 +1,10 @@
-"""A decompression bomb through a real worker: a record whose value is 64 MiB of one byte, in
-one gzip batch of ~64 KiB, is dead-lettered as too_large; the trace after it is scored; the
-worker keeps running, and its peak resident memory grows by a bounded multiple of the
-value (aiokafka decompresses a whole batch in memory, then copies the value out of it).
+"""Decompression bombs through a real worker: records of 256 MiB of one byte, in gzip and in
+zstd batches of a few hundred KiB, decompress no further than ``KP_MAX_BATCH_BYTES`` (64 MiB)
+and are dead-lettered as unreadable; a 16 MiB one within that bound is dead-lettered as
+too_large, as any record over ``KP_MAX_MESSAGE_BYTES``; the trace after them is scored; the
+worker keeps running, and its peak resident memory grows by a bounded multiple of the bound.
 
-The 1 GiB bomb, and the figure the Deployment's memory limit is sized from, are
+The 1 GiB bomb's figure, which the Deployment's memory limit is sized from, is
 ``bench/compression_bomb.py``'s.
 """
 
@@ -25,10 +26,12 @@ from support.workers import worker_topics
 
 pytestmark = pytest.mark.broker
 MIB = 1 << 20
-BOMB_MIB = 64
-# What the worker may hold beyond its ready size for the bomb: the decompressed batch and the
-# value copied out of it (2x; 2.0x measured), and room for allocator slack.
-PEAK_OVER_READY = 3 * BOMB_MIB * MIB
+BOMB_MIB = 256
+WITHIN_BOUND_MIB = 16
+BATCH_BOUND_MIB = 64  # KP_MAX_BATCH_BYTES's default
+# What the worker may hold beyond its ready size: a batch decompressed up to the bound, the
+# value copied out of the largest one within it, and room for allocator slack.
+PEAK_OVER_READY = 3 * BATCH_BOUND_MIB * MIB
 
 
 def status_bytes(pid: int, key: str) -> int:
@@ -38,44 +41,51 @@ def status_bytes(pid: int, key: str) -> int:
     raise KeyError(key)
 
 
-async def produce_bomb_and_trace(bootstrap: str, topic: str) -> list[tuple[int, int]]:
+async def produce(bootstrap: str, topic: str, codec: str, value: bytes) -> tuple[int, int]:
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
-        compression_type="gzip",
+        compression_type=codec,
         max_request_size=(BOMB_MIB + 1) * MIB,
         acks="all",
     )
     await producer.start()
     try:
-        bomb = await producer.send_and_wait(
-            topic, b"x" * (BOMB_MIB * MIB), key=b"bomb", partition=0
-        )
-        trace = await producer.send_and_wait(
-            topic, orjson.dumps(make_trace()), key=b"after", partition=0
-        )
+        sent = await producer.send_and_wait(topic, value, key=codec.encode(), partition=0)
     finally:
         await producer.stop()
-    return [(bomb.partition, bomb.offset), (trace.partition, trace.offset)]
+    return (sent.partition, sent.offset)
 
 
-def test_a_gzip_bomb_is_dead_lettered_in_bounded_memory(kafka_bootstrap: str) -> None:
+def test_compression_bombs_are_dead_lettered_in_bounded_memory(kafka_bootstrap: str) -> None:
     env, outputs = worker_topics(f"bomb-{uuid.uuid4().hex[:8]}", partitions=1)
+    topic = env["KP_INPUT_TOPIC"]
     with WorkerProcess(kafka_bootstrap, **env) as worker:
         worker.wait_ready()
         assert worker.pid is not None
         ready = status_bytes(worker.pid, "VmRSS")
-        sources = asyncio.run(produce_bomb_and_trace(kafka_bootstrap, env["KP_INPUT_TOPIC"]))
+        bomb = b"x" * (BOMB_MIB * MIB)
+        sources = [
+            asyncio.run(produce(kafka_bootstrap, topic, "gzip", bomb)),
+            asyncio.run(produce(kafka_bootstrap, topic, "zstd", bomb)),
+            asyncio.run(produce(kafka_bootstrap, topic, "gzip", bomb[: WITHIN_BOUND_MIB * MIB])),
+            asyncio.run(produce(kafka_bootstrap, topic, "lz4", orjson.dumps(make_trace()))),
+        ]
+        del bomb
         found = collect_outputs(kafka_bootstrap, outputs, set(sources), timeout=120)
         peak = status_bytes(worker.pid, "VmHWM")
         assert worker.alive(), worker.tail()
     by_source = {(o.source_partition, o.source_offset): o for o in found}
-    assert len(found) == len(by_source) == 2, "each record in exactly one output topic"
-    bomb, trace = (by_source[s] for s in sources)
-    assert bomb.decision == "dead_letter"
-    assert bomb.headers["kp-error-kind"] == b"too_large"
-    assert bomb.headers.get("kp-value-omitted"), "a 64 MiB value is not republished"
+    assert len(found) == len(by_source) == 4, "each record in exactly one output topic"
+    gzip_bomb, zstd_bomb, within, trace = (by_source[s] for s in sources)
+    for output in (gzip_bomb, zstd_bomb):
+        assert output.decision == "dead_letter"
+        assert output.headers["kp-error-kind"] == b"unreadable"
+        assert b"KP_MAX_BATCH_BYTES" in output.headers["kp-error-reason"]
+        assert output.value is None and output.headers.get("kp-value-omitted")
+    assert within.headers["kp-error-kind"] == b"too_large"
+    assert within.value is None, "a 16 MiB value is not republished"
     assert trace.decision in ("accepted", "rejected")
     assert peak - ready < PEAK_OVER_READY, (
         f"peak RSS {peak / MIB:.0f} MiB, {(peak - ready) / MIB:.0f} MiB over the ready "
-        f"{ready / MIB:.0f} MiB, for a {BOMB_MIB} MiB value"
+        f"{ready / MIB:.0f} MiB, for {BOMB_MIB} MiB bombs and a {BATCH_BOUND_MIB} MiB bound"
     )

@@ -447,4 +447,16 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         why="a header name that is not UTF-8 ends the consumer at that offset on every restart",
     ),
+    Mutant(
+        name="compression-bomb-decompressed-whole",
+        promise="No batch is decompressed past KP_MAX_BATCH_BYTES",
+        path="worker/io/unreadable.py",
+        old="    for module in (default_records, compiled_default_records):\n",
+        new="    for module in ():\n",
+        tests=(
+            "tests/unit/test_unreadable.py::"
+            "test_a_compression_bomb_is_unreadable_records_not_a_whole_decompression",
+        ),
+        why="a 1 MiB gzip batch costs 2.3 GB of memory, a zstd one tens of GB",
+    ),
 )

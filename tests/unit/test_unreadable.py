@@ -10,7 +10,6 @@ from aiokafka.consumer import fetcher
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 from aiokafka.record.memory_records import MemoryRecords
 
-import worker.io.kafka  # noqa: F401  (installs the tolerant reading, as the worker does)
 from worker.core.records import Decision, SourceRecord, UnreadableValue
 from worker.core.scorer import build_scorer
 from worker.io import unreadable
@@ -19,6 +18,14 @@ from worker.settings import Settings
 from support.traces import trace_bytes
 
 TP = TopicPartition("kp.traces.raw", 0)
+LIMIT = 4 << 20
+CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+@pytest.fixture(autouse=True)
+def installed() -> None:
+    """As every consumer the product builds installs it (here with a 4 MiB bound)."""
+    unreadable.install(LIMIT)
 
 
 class NotUtf8Name(str):
@@ -28,20 +35,28 @@ class NotUtf8Name(str):
         return b"\xff\xfe-name"
 
 
-def batch(headers_of: dict[int, list[tuple[str, bytes]]], count: int = 3) -> bytes:
+def batch(
+    headers_of: dict[int, list[tuple[str, bytes]]],
+    count: int = 3,
+    codec: str | None = None,
+    value_of: dict[int, bytes] | None = None,
+) -> bytes:
     """One record batch of ``count`` records (offsets 0..count-1), values ``v0``, ``v1``, ..."""
     builder = _DefaultRecordBatchBuilderPy(
         magic=2,
-        compression_type=0,
+        compression_type=CODECS[codec] if codec else 0,
         is_transactional=0,
         producer_id=-1,
         producer_epoch=-1,
         base_sequence=-1,
-        batch_size=1 << 20,
+        batch_size=1 << 26,
     )
     for offset in range(count):
-        value = f"v{offset}".encode()
-        builder.append(offset, 1_700_000_000_000, b"k", value, headers_of.get(offset, []))
+        value = (value_of or {}).get(offset, f"v{offset}".encode())
+        appended = builder.append(
+            offset, 1_700_000_000_000, b"k", value, headers_of.get(offset, [])
+        )
+        assert appended is not None, "the batch is full"
     return bytes(builder.build())
 
 
@@ -100,3 +115,40 @@ def test_an_unreadable_record_is_dead_lettered_without_a_value() -> None:
     assert b"read the original" in headers["kp-value-omitted"]
     assert headers["kp-key-null"] == b"true"
     assert scored.decision is not Decision.DEAD_LETTER
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_compressed_batches_within_the_bound_read_as_aiokafka_reads_them(codec: str) -> None:
+    values = {0: b"x" * (LIMIT // 2), 1: orjson_trace()}
+    raw = batch({1: [("h", b"v")]}, codec=codec, value_of=values)
+    plain = read(raw, unreadable._TolerantPartitionRecords.__mro__[1])
+    assert [(r.offset, r.value, r.headers) for r in read(raw, fetcher.PartitionRecords)] == [
+        (r.offset, r.value, r.headers) for r in plain
+    ]
+    assert plain[0].value == values[0]
+
+
+@pytest.mark.parametrize("codec", ["gzip", "lz4", "zstd"])
+def test_a_compression_bomb_is_unreadable_records_not_a_whole_decompression(codec: str) -> None:
+    """A batch decompressing past the bound is stopped there: its records are dead letters."""
+    raw = batch({}, count=2, codec=codec, value_of={0: b"\0" * (3 * LIMIT)})
+    assert len(raw) < LIMIT // 20  # small on the wire
+    records = read(raw, fetcher.PartitionRecords)
+    assert [r.offset for r in records] == [0, 1]
+    assert all(isinstance(r.value, UnreadableValue) for r in records)
+    assert "KP_MAX_BATCH_BYTES" in records[0].value.reason
+
+
+def test_the_codecs_of_both_record_modules_are_bounded() -> None:
+    """aiokafka decodes batches in its compiled module, or its Python one where that is
+    missing: both must use the bounded codecs (the names it calls are still these)."""
+    from aiokafka.record import default_records
+    from aiokafka.record._crecords import default_records as compiled
+
+    for module in (default_records, compiled):
+        for name in ("gzip_decode", "lz4_decode", "zstd_decode"):
+            assert getattr(module, name).__module__ == unreadable.__name__, (module, name)
+
+
+def orjson_trace() -> bytes:
+    return trace_bytes()

@@ -100,12 +100,12 @@ INPUT_ERROR_KINDS: tuple[str, ...] = tuple(
         NotAnObjectError,
         SchemaViolationError,
         IntegerOutOfRangeError,
-        UnreadableRecordError,
     )
 )
 # Every kind a dead letter can carry.
 ERROR_KINDS: tuple[str, ...] = (
     *INPUT_ERROR_KINDS,
+    UnreadableRecordError.kind,
     InternalScoringError.kind,
     OutputTooLargeError.kind,
 )

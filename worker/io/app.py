@@ -29,7 +29,7 @@ from worker import __version__
 from worker.core.output import output_topics
 from worker.core.records import SourceRecord
 from worker.core.scorer import Scorer, build_scorer
-from worker.io import http
+from worker.io import http, unreadable
 from worker.io.kafka import PartitionLogReader, Publisher, ensure_topics
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline, unconfirmed_commits
 from worker.logs import logging_config
@@ -96,6 +96,8 @@ class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         # Both are read when the consumer starts its fetcher.
         consumer._fetch_max_wait_ms = settings.fetch_max_wait_ms
         consumer._fetch_max_bytes = settings.fetch_max_bytes
+        # A batch it cannot read, or that decompresses past KP_MAX_BATCH_BYTES, is dead letters.
+        unreadable.install(settings.max_batch_bytes)
         return consumer
 
     def set_fetching(self, tp: TP, fetching: bool) -> None:

@@ -34,8 +34,6 @@ from worker.settings import Settings
 from worker.stream.observer import MetricsObserver
 
 log = logging.getLogger(__name__)
-# Every consumer of this process turns a batch it cannot read into dead letters.
-unreadable.install()
 
 PUBLISH_RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0)
 STOP_TIMEOUT_SECONDS = 5.0
@@ -193,6 +191,7 @@ class PartitionLogReader:
 
     def __init__(self, settings: Settings, group_id: str | None = None) -> None:
         self._settings = settings
+        unreadable.install(settings.max_batch_bytes)
         self._consumer = AIOKafkaConsumer(
             **client_config(settings),
             group_id=group_id,

@@ -1,26 +1,36 @@
-"""Record batches the Kafka client cannot read become records the worker dead-letters.
+"""Record batches the Kafka client cannot read, or must not, become records the worker
+dead-letters.
 
 aiokafka reads a fetched batch record by record and raises on a record it cannot read: a
 header name that is not UTF-8 (Go and C producers can send one; Java clients read it with
 replacement characters), or a batch its codec cannot decode. The exception ends the consumer,
-and a restarted worker meets the same batch at the same offset, forever. Installed once per
-process (:func:`install`, done when ``worker.io.kafka`` is imported), every aiokafka consumer
-reads each batch whole before handing out its records; a batch that fails yields one record per
-offset it spans, whose value is an :class:`~worker.core.records.UnreadableValue` naming the
-client's error, so the scorer dead-letters it (``unreadable``) and the worker moves on.
+and a restarted worker meets the same batch at the same offset, forever. And it decompresses a
+batch whole: a gzip batch within Kafka's 1 MiB can hold 1 GiB, a zstd one tens of GiB.
 
-This overrides aiokafka's private ``PartitionRecords``; ``tests/unit/test_unreadable.py``
-fails when aiokafka changes what it builds on.
+Installed by every consumer the product builds (:func:`install`), aiokafka reads each batch
+whole before handing out its records, and decompresses gzip, lz4 and zstd batches into at most
+``KP_MAX_BATCH_BYTES`` (snappy's format bounds it at ~21x); a batch that fails either way yields
+one record per offset it spans, whose value is an :class:`~worker.core.records.UnreadableValue`
+naming why, so the scorer dead-letters it (``unreadable``) and the worker moves on. With the
+bound, a 1 GiB gzip bomb peaks at ~0.4 GB instead of 2.3 GB (``bench/compression_bomb.py``).
+
+This overrides aiokafka's private ``PartitionRecords`` and its record modules' codec functions;
+``tests/unit/test_unreadable.py`` fails when aiokafka changes what it builds on.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import cramjam
+import numpy as np
 from aiokafka.consumer import fetcher
+from aiokafka.record import default_records
+from aiokafka.record._crecords import default_records as compiled_default_records
 
 from worker.core.errors import one_line
 from worker.core.records import UnreadableValue
@@ -91,10 +101,67 @@ class _TolerantPartitionRecords(fetcher.PartitionRecords):  # type: ignore[misc]
         super().__init__(tp, _WholeBatches(records), *args, **kwargs)
 
 
-def install() -> None:
+class BatchTooLargeError(ValueError):
+    """A batch that decompresses to more than ``KP_MAX_BATCH_BYTES``."""
+
+
+def _too_large(limit: int) -> BatchTooLargeError:
+    return BatchTooLargeError(
+        f"the batch decompresses to more than {limit} bytes (KP_MAX_BATCH_BYTES)"
+    )
+
+
+def _bounded_gzip(limit: int) -> Callable[[Any], bytes]:
+    def gzip_decode(payload: Any) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        data = bytes(payload)
+        while data:  # gzip members one after another, as gzip.GzipFile reads them
+            member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            part = member.decompress(data, limit + 1 - size)
+            size += len(part)
+            if size > limit:
+                raise _too_large(limit)
+            if not member.eof:
+                raise EOFError("the gzip stream ends before its end marker")
+            parts.append(part)
+            data = member.unused_data.lstrip(b"\0")  # zero padding after a member
+        return b"".join(parts)
+
+    return gzip_decode
+
+
+def _bounded_cramjam(
+    decompress_into: Callable[[Any, Any], int], limit: int
+) -> Callable[..., bytes]:
+    def decode(payload: Any) -> bytes:
+        # Pages of an untouched buffer cost no memory: only what is written is paid for.
+        out = np.empty(limit + 1, dtype=np.uint8)
+        try:
+            size = decompress_into(bytes(payload), out)
+        except cramjam.DecompressionError as exc:
+            if "whole buffer" in str(exc):
+                raise _too_large(limit) from None
+            raise
+        if size > limit:
+            raise _too_large(limit)
+        return out[:size].tobytes()
+
+    return decode
+
+
+def install(max_batch_bytes: int) -> None:
     """Make every aiokafka consumer of this process read batches as this module says."""
     if fetcher.PartitionRecords is not _TolerantPartitionRecords:
         fetcher.PartitionRecords = _TolerantPartitionRecords
+    codecs = {
+        "gzip_decode": _bounded_gzip(max_batch_bytes),
+        "lz4_decode": _bounded_cramjam(cramjam.lz4.decompress_into, max_batch_bytes),
+        "zstd_decode": _bounded_cramjam(cramjam.zstd.decompress_into, max_batch_bytes),
+    }
+    for module in (default_records, compiled_default_records):
+        for name, decode in codecs.items():
+            setattr(module, name, decode)
 
 
-__all__ = ["install"]
+__all__ = ["BatchTooLargeError", "install"]
