@@ -857,6 +857,20 @@ def test_an_integer_beyond_64_bits_deep_in_a_step_names_its_path() -> None:
 
 
 @pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"' + b"k" * 100_000 + b'":123456789012345678901234567890}',
+        b'{"a":' + b'{"key":' * 120 + b"123456789012345678901234567890" + b"}" * 121,
+    ],
+)
+def test_the_path_of_an_integer_beyond_64_bits_is_cut_short_in_the_reason(raw: bytes) -> None:
+    with pytest.raises(IntegerOutOfRangeError) as excinfo:
+        decode_json(raw)
+    assert len(excinfo.value.reason) < 300
+    assert "...: integer 123456789012345678901234567890 is outside" in excinfo.value.reason
+
+
+@pytest.mark.parametrize(
     "literal",
     [
         b"18446744073709551615",  # 2**64 - 1

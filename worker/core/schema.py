@@ -21,6 +21,7 @@ from worker.core.errors import SchemaViolationError, snippet
 
 SCHEMA_DIR = Path(__file__).parent.parent / "schemas"
 TRACE_SCHEMA_PATH = SCHEMA_DIR / "reasoning-trace.schema.json"
+_PATH_CHARS = 120
 
 
 @cache
@@ -30,11 +31,12 @@ def _validator() -> jsonschema_rs.Validator:
 
 
 def json_path(path: Sequence[str | int]) -> str:
-    """``steps[2].step_id``; ``(root)`` for the document itself."""
+    """``steps[2].step_id``; ``(root)`` for the document itself. Cut short past 120
+    characters: keys are the producer's data, and a reason fits one log line."""
     out = ""
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(root)"
+    return (out if len(out) <= _PATH_CHARS else out[: _PATH_CHARS - 3] + "...") or "(root)"
 
 
 def _describe(error: jsonschema_rs.ValidationError) -> str:
