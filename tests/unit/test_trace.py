@@ -856,6 +856,18 @@ def test_an_integer_beyond_64_bits_deep_in_a_step_names_its_path() -> None:
         parse_trace(nested)
 
 
+@pytest.mark.parametrize("first", [0, 1, 500, 998])
+def test_of_several_integers_beyond_64_bits_the_first_in_the_document_is_named(
+    first: int,
+) -> None:
+    big = b"123456789012345678901234567890"
+    items = [b"1"] * 1000
+    items[first], items[999] = big, b"-" + big
+    raw = b'{"x":{"a":[' + b",".join(items) + b'],"b":' + big + b"}}"
+    with pytest.raises(IntegerOutOfRangeError, match=rf"^x\.a\[{first}\]: integer {big.decode()}"):
+        decode_json(raw)
+
+
 @pytest.mark.parametrize(
     "raw",
     [

@@ -60,6 +60,7 @@ NAMED_DUPLICATES_UP_TO = 65_536
 _ESCAPE = re.compile(rb"\\(?:(u003[aA])|.)", re.DOTALL)
 _INT_RANGE = (-(2**63), 2**64 - 1)  # the integers orjson keeps; any other becomes a float
 _INT_DIGITS = 19  # digits of the shortest integer out of that range
+_INT_CHARS = 21  # "-" and the 20 digits of the longest in it
 _DIGITS_AS_ZERO = bytes(48 if 48 <= code <= 57 else 32 for code in range(256))
 
 
@@ -189,8 +190,7 @@ def _duplicate_key_error(raw: bytes) -> DuplicateKeyError:
 
 
 class _OutOfRange:
-    """An integer literal beyond 64 bits, where the exact pass read it: orjson cannot write
-    it, so a write-back of any part of the document says whether that part holds one."""
+    """An integer literal too long for ``int()`` (4300 digits), where the exact pass read it."""
 
     __slots__ = ("literal",)
 
@@ -198,33 +198,40 @@ class _OutOfRange:
         self.literal = literal
 
 
-def _holds_out_of_range(values: list[Any]) -> bool:
+def _long_literal(literal: str) -> int | _OutOfRange:
+    return int(literal) if len(literal) <= _INT_CHARS else _OutOfRange(literal)
+
+
+def _writable(values: list[Any]) -> bool:
+    """Whether orjson writes ``values``: not if they hold an integer beyond 64 bits."""
     try:
         orjson.dumps(values)
     except orjson.JSONEncodeError:
-        return True
-    return False
+        return False
+    return True
 
 
 def _out_of_range_path(node: Any) -> tuple[list[str | int], str]:
-    """The path and literal of the first out-of-range integer in ``node``, in document order.
+    """The path and literal of the first integer beyond 64 bits in ``node``, in document order.
 
-    Each container is halved to the first part that holds one, written back by orjson at C
-    speed: a few passes over the document, not a Python call per value (15 ms for 1 MiB).
+    Each container is halved to the first part that orjson cannot write, at C speed: a few
+    passes over the document, not a Python call per value (~15 ms for 1 MiB of steps).
     """
     path: list[str | int] = []
-    while not isinstance(node, _OutOfRange):
-        if not isinstance(node, dict | list):  # orjson refused a part nested past its limit
-            raise ValueError("nested too deep to find the integer")
+    while isinstance(node, dict | list):
         keys = list(node) if isinstance(node, dict) else range(len(node))
         values = list(node.values()) if isinstance(node, dict) else node
         low, high = 0, len(values)
         while high - low > 1:
             middle = (low + high) // 2
-            low, high = (low, middle) if _holds_out_of_range(values[low:middle]) else (middle, high)
+            low, high = (middle, high) if _writable(values[low:middle]) else (low, middle)
         path.append(keys[low])
         node = values[low]
-    return path, node.literal
+    if isinstance(node, _OutOfRange):
+        return path, node.literal
+    if isinstance(node, int) and not _INT_RANGE[0] <= node <= _INT_RANGE[1]:
+        return path, str(node)
+    raise ValueError("no integer beyond 64 bits found")  # a part nested past orjson's limit
 
 
 def _may_hold_big_integer(raw: bytes, written: bytes) -> bool:
@@ -248,21 +255,12 @@ def _reject_big_integers(raw: bytes) -> None:
     (123456789012345678901234567890 as 1.2345678901234568e+29) where unknown fields are
     promised to pass through untouched. The exact pass reads the integers' own text.
     """
-    beyond = False
-
-    def exact(literal: str) -> int | _OutOfRange:
-        nonlocal beyond
-        # A literal longer than any in range is never given to int(): it refuses 4300 digits.
-        if len(literal.lstrip("-")) <= len(str(_INT_RANGE[1])):
-            value = int(literal)
-            if _INT_RANGE[0] <= value <= _INT_RANGE[1]:
-                return value
-        beyond = True
-        return _OutOfRange(literal)
-
     with _gc_paused():
-        document = json.loads(raw, parse_int=exact)
-    if beyond:
+        try:
+            document = json.loads(raw)  # Python reads integers exactly, at C speed
+        except ValueError:  # but refuses one of over 4300 digits
+            document = json.loads(raw, parse_int=_long_literal)
+    if not _writable([document]):
         path, literal = _out_of_range_path(document)
         digits = len(literal.lstrip("-"))
         shown = literal if digits <= 40 else f"{literal[:20]}... ({digits} digits)"
