@@ -1,7 +1,7 @@
 """Bytes -> validated Trace, or a specific error saying what is wrong and where.
 
 Strict JSON in time bounded by the input's size (``bench/hostile_inputs.py``: <= 50 ms for
-any input up to the size limit, ~0.05 ms for a typical trace): the size and the number of
+any input up to the size limit, ~0.03 ms for a typical trace): the size and the number of
 containers are counted before decoding; orjson decodes; one orjson write-back of the result
 checks the nesting depth and, by counting colons, whether orjson kept only the last of a
 repeated key; integers beyond 64 bits, which orjson reads as floats, are looked for only when
