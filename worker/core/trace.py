@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_CONTAINERS",
     "MAX_DEPTH",
+    "NAMED_DUPLICATES_UP_TO",
     "Trace",
     "TraceError",
     "decode_json",
