@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from worker.core import trace as trace_module
+from worker.core.trace import MAX_DEPTH
 
 from support.paths import DATA
 
@@ -82,7 +82,7 @@ def _generate(name: str, recipe: dict[str, Any]) -> bytes:
         return raw[:-1] + b',"x_numbers":[' + b",".join([b"1e9"] * count) + b"]}"
     if kind == "input_total_depth":
         # The document is level 1, steps 2, a step 3, its input 4: n dicts reach level 3 + n.
-        limit = getattr(trace_module, "MAX_DEPTH", 128) + recipe["over_limit"]
+        limit = MAX_DEPTH + recipe["over_limit"]
         nested: Any = 1
         for _ in range(limit - 3):
             nested = {"a": nested}
