@@ -269,3 +269,26 @@ def test_ctrl_c_leaves_no_unclosed_client_and_exits_130(
     assert "Unclosed" not in stderr, stderr
     assert "Traceback" not in stderr, stderr
     assert "interrupted" in stderr.strip().splitlines()[-1], stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["demo", "--traces", "no-such-file.jsonl"],
+        ["score", "no-such-file.jsonl", "--no-embedder", "--quiet"],
+        ["rescore", "no-such-file.jsonl", "--quiet"],
+    ],
+    ids=["demo", "score", "rescore"],
+)
+def test_a_library_warning_during_a_human_command_is_a_plain_line(
+    args: list[str],
+    isolated_settings: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from worker.cli.main import main
+
+    assert main(args) == 2
+    capsys.readouterr()
+    logging.getLogger("aiokafka.conn").warning("Unable connect to %r", "broker:9092")
+    err = capsys.readouterr().err
+    assert err == "kp-scorer: warning: Unable connect to 'broker:9092'\n"

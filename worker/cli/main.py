@@ -243,6 +243,9 @@ def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from worker.cli.demo import run_demo
 
+    # The worker's JSON log goes to its own file; what the Kafka clients of the demo itself
+    # warn of is said in plain lines.
+    configure_logging("WARNING", human=True)
     return run_demo(args.traces, args.rate, args.timeout, args.keep_running)
 
 
