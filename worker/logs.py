@@ -56,11 +56,15 @@ class JsonFormatter(logging.Formatter):
 
 class HumanFormatter(logging.Formatter):
     """The commands a person runs (score, replay, rescore, check, demo) write lines a person
-    reads on a terminal: ``kp-scorer: warning: <message> (field=value)``, no JSON."""
+    reads on a terminal, no JSON: ``kp-scorer warning: <message> (field=value)`` for ours,
+    ``aiokafka error: <message>`` for a library's, so that the command's own verdict
+    (``kp-scorer: Kafka unreachable ...``) stays the one line that starts ``kp-scorer:``."""
 
     def format(self, record: logging.LogRecord) -> str:
         fields = ", ".join(f"{k}={v}" for k, v in _fields(record).items())
-        line = f"kp-scorer: {record.levelname.lower()}: {record.getMessage()}"
+        top = record.name.partition(".")[0]
+        source = "kp-scorer" if top == OWN_LOGGER else top
+        line = f"{source} {record.levelname.lower()}: {record.getMessage()}"
         if fields:
             line += f" ({fields})"
         if record.exc_info:

@@ -323,6 +323,7 @@ def _with_record_progress(
             failure = f"kp-scorer: interrupted after {done} records", EXIT_INTERRUPTED
         # The error is the last line, not the bar.
         progress.live.transient = True
+    assert failure is not None  # every way out of the block above returns or sets it
     line, code = failure
     _say(line, "red")
     return code
@@ -346,6 +347,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         "replaying",
         settings,
         lambda advance: run_replay(settings, scorer, scope, args.output_prefix, advance),
+        quiet=not err_console.is_terminal,  # as rescore: no bar written into a log file
     )
     if isinstance(result, int):
         return result

@@ -214,7 +214,7 @@ class PartitionLogReader:
         """``give_up_after_seconds``: the longest one request may wait for an answer (a
         command run by hand); None keeps the client's default (the worker)."""
         self._settings = settings
-        timeout = {}
+        timeout: dict[str, int] = {}
         if give_up_after_seconds is not None:
             timeout["request_timeout_ms"] = int(give_up_after_seconds * 1000)
         self._consumer = AIOKafkaConsumer(
