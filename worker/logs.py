@@ -61,7 +61,8 @@ class HumanFormatter(logging.Formatter):
     (``kp-scorer: Kafka unreachable ...``) stays the one line that starts ``kp-scorer:``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = ", ".join(f"{k}={v}" for k, v in _fields(record).items())
+        # A collapsed line already says "(repeated N times ...)" in words.
+        fields = ", ".join(f"{k}={v}" for k, v in _fields(record).items() if k != "repeated")
         top = record.name.partition(".")[0]
         source = "kp-scorer" if top == OWN_LOGGER else top
         line = f"{source} {record.levelname.lower()}: {record.getMessage()}"

@@ -295,3 +295,20 @@ def test_a_library_warning_during_a_human_command_is_a_plain_line(
     assert err == "aiokafka warning: Unable connect to 'broker:9092'\n"
     logging.getLogger("worker.io.kafka").warning("publish failed, retrying", extra={"failed": 3})
     assert capsys.readouterr().err == "kp-scorer warning: publish failed, retrying (failed=3)\n"
+
+
+def test_a_collapsed_line_says_its_count_once_in_plain_lines() -> None:
+    from worker.logs import HumanFormatter
+
+    record = logging.makeLogRecord(
+        {
+            "name": "aiokafka.cluster",
+            "levelno": logging.ERROR,
+            "levelname": "ERROR",
+            "msg": "Unable to update metadata (repeated 198 times in the last 10 s)",
+            "repeated": 198,
+        }
+    )
+    assert HumanFormatter().format(record) == (
+        "aiokafka error: Unable to update metadata (repeated 198 times in the last 10 s)"
+    )
