@@ -373,7 +373,8 @@ def test_help_shows_defaults() -> None:
 
 def test_the_demo_summary_keeps_lines_whole_when_piped(monkeypatch: pytest.MonkeyPatch) -> None:
     piped = io.StringIO()
-    monkeypatch.setattr(demo.console, "file", piped)
+    # The console's own file (None: whatever sys.stdout is), restored as it was after.
+    monkeypatch.setattr(demo.console, "_file", piped)
     stages = ("decode", "embed", "novelty", "publish", "score")
     labels = {stage: (("stage", stage),) for stage in stages}
     metrics = {
