@@ -22,7 +22,7 @@ COPY requirements.lock ./
 RUN pip install --require-hashes --no-deps -r requirements.lock
 # The package itself, built as a wheel and installed without its dependencies and without
 # extras; `pip check` fails the build if the lock lacks anything the package needs.
-COPY pyproject.toml README.md NOTICE ./
+COPY pyproject.toml README.md LICENSE NOTICE ./
 COPY schemas ./schemas
 COPY worker ./worker
 RUN pip wheel --no-deps --wheel-dir dist . \

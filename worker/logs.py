@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import logging.config
+import re
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -24,18 +26,51 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
 }
 
 
+def utc_timestamp(created: float) -> str:
+    """ISO 8601 in UTC with milliseconds (``2026-11-27T02:21:56.123Z``): lines from pods in
+    different zones sort and compare as they are, and a burst within one second stays in order."""
+    moment = datetime.fromtimestamp(created, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured fields a call gave with ``extra=``."""
+    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
+
+
 class JsonFormatter(logging.Formatter):
+    """The worker's log: one JSON object a line, for log pipelines."""
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "ts": utc_timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
         }
-        entry.update((k, v) for k, v in record.__dict__.items() if k not in _STANDARD)
+        entry.update(_fields(record))
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()
+
+
+class HumanFormatter(logging.Formatter):
+    """The commands a person runs (score, replay, rescore, check, demo) write lines a person
+    reads on a terminal, no JSON: ``kp-scorer warning: <message> (field=value)`` for ours,
+    ``aiokafka error: <message>`` for a library's, so that the command's own verdict
+    (``kp-scorer: Kafka unreachable ...``) stays the one line that starts ``kp-scorer:``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        # A collapsed line already says "(repeated N times ...)" in words.
+        fields = ", ".join(f"{k}={v}" for k, v in _fields(record).items() if k != "repeated")
+        top = record.name.partition(".")[0]
+        source = "kp-scorer" if top == OWN_LOGGER else top
+        line = f"{source} {record.levelname.lower()}: {record.getMessage()}"
+        if fields:
+            line += f" ({fields})"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
 
 
 # Kafka client loggers whose warnings and errors repeat many times a second during an outage.
@@ -133,25 +168,65 @@ class LibraryDebugFilter(logging.Filter):
         return name == OWN_LOGGER or name.startswith(OWN_LOGGER + ".")
 
 
-def logging_config(level: str = "INFO", repeat_interval: float = 10.0) -> dict[str, Any]:
+# What mode's services (faust's app, worker, consumer, agents, ...) prefix to every line they
+# log: "[^--Consumer]: Stopping...".
+_SERVICE_LINE = re.compile(r"^\[\^-*.*?\]: ")
+# faust's own INFO lines that narrate its internals, with no service prefix.
+_FAUST_NARRATION = ("Executing _on_partitions_assigned", "generation id ")
+
+
+class ServiceChatterFilter(logging.Filter):
+    """Demotes to DEBUG the INFO lines in which faust's services narrate their life cycle.
+
+    A clean start and stop would otherwise write some 40 lines of "[^--Fetcher]: Starting..."
+    and "Stopping..." around the worker's own few; an operator reads "scorer ready",
+    "shutting down" and "stopped" instead. Warnings and errors are never touched; with
+    ``KP_LOG_LEVEL=DEBUG`` the demoted lines are still written, at DEBUG.
+    """
+
+    def __init__(self, level: str = "INFO") -> None:
+        super().__init__()
+        self.keep_debug = level.upper() == "DEBUG"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO:
+            return True
+        message = record.getMessage()
+        if not (_SERVICE_LINE.match(message) or message.startswith(_FAUST_NARRATION)):
+            return True
+        if not self.keep_debug:
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+def logging_config(
+    level: str = "INFO", repeat_interval: float = 10.0, human: bool = False
+) -> dict[str, Any]:
     """The one logging configuration: JSON lines on stderr (the Faust app is given it too),
-    with repeated Kafka client errors collapsed (:class:`RepeatCollapser`) and libraries held
-    at INFO and up whatever ``level`` says (:class:`LibraryDebugFilter`)."""
+    with repeated Kafka client errors collapsed (:class:`RepeatCollapser`), faust's life-cycle
+    narration demoted (:class:`ServiceChatterFilter`) and libraries held at INFO and up
+    whatever ``level`` says (:class:`LibraryDebugFilter`). ``human``: plain lines
+    (:class:`HumanFormatter`) for the commands a person runs."""
     library_level = max(logging.getLevelName(level), logging.INFO)
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"json": {"()": "worker.logs.JsonFormatter"}},
+        "formatters": {
+            "json": {"()": "worker.logs.JsonFormatter"},
+            "human": {"()": "worker.logs.HumanFormatter"},
+        },
         "filters": {
             "collapse": {"()": "worker.logs.RepeatCollapser", "interval": repeat_interval},
             "library_debug": {"()": "worker.logs.LibraryDebugFilter"},
+            "service_chatter": {"()": "worker.logs.ServiceChatterFilter", "level": level},
         },
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
-                "formatter": "json",
+                "formatter": "human" if human else "json",
                 "stream": "ext://sys.stderr",
-                "filters": ["library_debug", "collapse"],
+                "filters": ["service_chatter", "library_debug", "collapse"],
             }
         },
         "loggers": {OWN_LOGGER: {"level": level}},
@@ -159,5 +234,7 @@ def logging_config(level: str = "INFO", repeat_interval: float = 10.0) -> dict[s
     }
 
 
-def configure_logging(level: str = "INFO", repeat_interval: float = 10.0) -> None:
-    logging.config.dictConfig(logging_config(level, repeat_interval))
+def configure_logging(
+    level: str = "INFO", repeat_interval: float = 10.0, human: bool = False
+) -> None:
+    logging.config.dictConfig(logging_config(level, repeat_interval, human))

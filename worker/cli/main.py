@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from rich.console import Console
 from rich.progress import (
@@ -25,9 +25,17 @@ from rich.progress import (
 )
 
 from worker import __version__
+from worker.core.errors import error_line
 from worker.logs import configure_logging
 from worker.memory import keep_large_blocks_mapped
-from worker.settings import Settings, SettingsError, by_variable, load_settings, unknown_variables
+from worker.settings import (
+    UNSET_MEANS,
+    Settings,
+    SettingsError,
+    in_use,
+    load_settings,
+    unknown_variables,
+)
 
 if TYPE_CHECKING:
     from worker.core.rescoring import Rescorer, RescoreSummary
@@ -48,6 +56,10 @@ EXIT_DEAD_LETTERS = 1
 EXIT_METRICS_PORT = 2
 # Whoever read our stdout stopped (`| head`): what a shell reports for a filter ended by SIGPIPE.
 EXIT_BROKEN_PIPE = 128 + 13
+# `replay`, `rescore --from-topics`: the broker is unreachable, or stopped answering.
+EXIT_UNREACHABLE = 1
+# Ctrl-C: what a shell reports for a command ended by SIGINT.
+EXIT_INTERRUPTED = 128 + 2
 
 
 def _checked_settings(args: argparse.Namespace | None = None) -> Settings:
@@ -104,10 +116,15 @@ def _read_lines_with_progress(
     name = name_of(file)
     if file in (None, "-"):
         stream, total = sys.stdin.buffer, None
+        if sys.stdin.isatty():  # a person who forgot the file would otherwise see nothing
+            _say("kp-scorer: reading JSONL from stdin (Ctrl-D ends it; give a FILE to read one)")
     else:
         path = Path(file)
+        if path.is_dir():
+            _say(f"kp-scorer: {path} is a directory; give a JSONL file", "red")
+            return None
         if not path.is_file():
-            err_console.print(f"[red]kp-scorer: no such file: {path}[/red]")
+            _say(f"kp-scorer: no such file: {path}", "red")
             return None
         stream, total = path.open("rb"), path.stat().st_size
     progress = Progress(
@@ -120,6 +137,9 @@ def _read_lines_with_progress(
         TimeRemainingColumn(),
         console=err_console,
         disable=quiet,
+        # The bar draws on stderr; stdout is the command's output (`> out.jsonl`), which a
+        # live display would otherwise take over on a terminal and print on stderr.
+        redirect_stdout=False,
     )
     with stream, progress:
         task = progress.add_task(verb, total=total, lines=0)
@@ -130,7 +150,18 @@ def _read_lines_with_progress(
             lines_done += lines
             progress.update(task, advance=size, lines=lines_done)
 
-        return run(stream, advance), name
+        try:
+            return run(stream, advance), name
+        except BaseException:
+            # Cut short (`| head`, Ctrl-C): take the bar off the terminal, not leave it there
+            # half-drawn above the prompt.
+            progress.live.transient = True
+            raise
+
+
+def _say(text: str, style: str | None = None) -> None:
+    """One line on stderr, as written (no markup: paths and errors may hold brackets)."""
+    err_console.print(text, style=style, markup=False, highlight=False)
 
 
 def _model_whole(settings: Settings) -> Settings:
@@ -154,25 +185,30 @@ def cmd_score(args: argparse.Namespace) -> int:
     from worker.core.scorer import build_scorer
 
     settings = _checked_settings(args)
-    configure_logging(settings.log_level, settings.log_repeat_interval_seconds)
+    configure_logging(settings.log_level, settings.log_repeat_interval_seconds, human=True)
     scorer = build_scorer(_model_whole(settings), use_embedder=not args.no_embedder)
     if scorer.embedder is None and not args.no_embedder:
         err_console.print(
             f"[yellow]embedder unavailable ({scorer.embedder_reason}); novelty 0.5[/]"
         )
 
+    records = LineRecords(name_of(args.file), args.partition_by)
     result = _read_lines_with_progress(
         "scoring",
         args.file,
         args.quiet,
-        lambda stream, advance: score_lines(
-            scorer, stream, sys.stdout, LineRecords(name_of(args.file), args.partition_by), advance
-        ),
+        lambda stream, advance: score_lines(scorer, stream, sys.stdout, records, advance),
     )
     if result is None:
         return 2
     summary, _ = result
     err_console.print(summary.describe())
+    if args.partition_by is not None and summary.lines and not records.lines_with_field:
+        _say(
+            f"kp-scorer: --partition-by {args.partition_by}: no line has this field, so every "
+            "line shared one novelty cache",
+            "yellow",
+        )
     if args.fail_on_error and summary.dead_letters:
         return EXIT_DEAD_LETTERS
     return 0
@@ -208,6 +244,9 @@ def cmd_worker(args: argparse.Namespace, faust_args: list[str]) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from worker.cli.demo import run_demo
 
+    # The worker's JSON log goes to its own file; what the Kafka clients of the demo itself
+    # warn of is said in plain lines.
+    configure_logging("WARNING", human=True)
     return run_demo(args.traces, args.rate, args.timeout, args.keep_running)
 
 
@@ -256,8 +295,12 @@ def _with_record_progress(
         TimeRemainingColumn(),
         console=err_console,
         disable=quiet,
+        # The bar draws on stderr; stdout is the command's output (`> out.jsonl`), which a
+        # live display would otherwise take over on a terminal and print on stderr.
+        redirect_stdout=False,
     )
     started = time.monotonic()
+    failure: tuple[str, int] | None = None
     with progress:
         task = progress.add_task(verb, total=None, rate=0.0)
 
@@ -269,21 +312,22 @@ def _with_record_progress(
         try:
             return run(advance)
         except ValueError as exc:
-            err_console.print(f"[red]kp-scorer: {exc}[/red]")
-            return 2
+            failure = f"kp-scorer: {exc}", 2
         except (KafkaError, OSError) as exc:
-            reason = str(exc)
-            if not reason.startswith(type(exc).__name__):  # aiokafka's errors name themselves
-                reason = f"{type(exc).__name__}: {reason}"
-            err_console.print(
-                f"[red]kp-scorer: Kafka unreachable at {settings.kafka_bootstrap_servers}: "
-                f"{reason}[/red]"
+            failure = (
+                f"kp-scorer: Kafka unreachable at {settings.kafka_bootstrap_servers}: "
+                f"{error_line(exc)}",
+                EXIT_UNREACHABLE,
             )
-            return 1
         except KeyboardInterrupt:
             done = int(progress.tasks[0].completed)
-            err_console.print(f"[red]kp-scorer: interrupted after {done} records[/red]")
-            return 130
+            failure = f"kp-scorer: interrupted after {done} records", EXIT_INTERRUPTED
+        # The error is the last line, not the bar.
+        progress.live.transient = True
+    assert failure is not None  # every way out of the block above returns or sets it
+    line, code = failure
+    _say(line, "red")
+    return code
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -296,6 +340,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     configure_logging(
         "WARNING" if settings.log_level == "INFO" else settings.log_level,
         settings.log_repeat_interval_seconds,
+        human=True,
     )
     scorer = build_scorer(_model_whole(settings))
     scope = ReplayRange(topic=args.topic, **_range_flags(args))
@@ -303,6 +348,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         "replaying",
         settings,
         lambda advance: run_replay(settings, scorer, scope, args.output_prefix, advance),
+        quiet=not err_console.is_terminal,  # as rescore: no bar written into a log file
     )
     if isinstance(result, int):
         return result
@@ -359,7 +405,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     import orjson
 
     from worker.cli.rescore import print_summary
-    from worker.core.rescoring import Rescorer
+    from worker.core.rescoring import RAW_TRACE, Rescorer
     from worker.core.scoring import load_profiles
 
     if args.from_topics and args.file is not None:
@@ -373,6 +419,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     configure_logging(
         "WARNING" if settings.log_level == "INFO" else settings.log_level,
         settings.log_repeat_interval_seconds,
+        human=True,
     )
     rescorer = Rescorer(
         load_profiles(settings.profiles_file),
@@ -390,6 +437,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
             err_console.print(f"[red]kp-scorer: cannot write {output}: {exc}[/red]")
             return 2
     quiet = args.quiet or not err_console.is_terminal
+    found: tuple[RescoreSummary, str] | int | None
     try:
         if args.from_topics:
             found = _rescore_topics(args, settings, rescorer, out_stream, quiet)
@@ -400,6 +448,8 @@ def cmd_rescore(args: argparse.Namespace) -> int:
             out_stream.close()
     if found is None:
         return 2
+    if isinstance(found, int):  # the broker was unreachable, or Ctrl-C: already said
+        return found
     summary, source = found
     # The summary goes to stdout unless the re-scored records do.
     summary_console = err_console if output == "-" else Console()
@@ -418,6 +468,12 @@ def cmd_rescore(args: argparse.Namespace) -> int:
         summary_console.file.flush()
     else:
         print_summary(summary_console, summary, source)
+    if any(example["detail"] == RAW_TRACE for example in summary.examples):
+        _say(
+            "kp-scorer: rescore re-scores outputs that `score` or the worker wrote; for raw "
+            "traces use `kp-scorer score FILE`",
+            "yellow",
+        )
     return 0
 
 
@@ -447,9 +503,9 @@ def _rescore_topics(
     quiet: bool,
     summary: RescoreSummary | None = None,
     default_topics: Sequence[str] | None = None,
-) -> tuple[RescoreSummary, str] | None:
+) -> tuple[RescoreSummary, str] | int:
     """Topic mode: ranges of the accepted/rejected topics (or ``default_topics``), read
-    without a group."""
+    without a group; an exit code (as ``replay``'s) when it could not finish."""
     from worker.cli.rescore import RescoreRange, run_rescore_topics
 
     topics = args.topic or list(
@@ -466,9 +522,8 @@ def _rescore_topics(
         quiet=quiet,
     )
     if isinstance(result, int):
-        return None
-    summary = result
-    return summary, ", ".join(topics)
+        return result
+    return result, ", ".join(topics)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -520,6 +575,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         found = _rescore_file(args, rescorer, None, quiet, report)
     if found is None:
         return 2
+    if isinstance(found, int):
+        return found
     _, source = found
     thresholds = dict(rescorer.domain_thresholds)
     if output is not None:
@@ -551,12 +608,15 @@ def cmd_settings(args: argparse.Namespace) -> int:
     import orjson
 
     settings = _checked_settings()  # a broken profiles file is a broken configuration too
-    values = by_variable(settings)
+    values = in_use(settings)
     if args.json:
         sys.stdout.write(orjson.dumps(values, default=str, option=orjson.OPT_INDENT_2).decode())
         sys.stdout.write("\n")
     else:
         for name, value in values.items():
+            if value is None:
+                meaning = UNSET_MEANS.get(name)
+                value = f"(unset: {meaning})" if meaning else "(unset)"
             print(f"{name} = {value}")
     sys.stdout.flush()
     return 0
@@ -572,7 +632,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from worker.cli.check import run_check
 
     settings = _checked_settings()
-    configure_logging(settings.log_level, settings.log_repeat_interval_seconds)
+    configure_logging(settings.log_level, settings.log_repeat_interval_seconds, human=True)
     report, failures = run_check(settings)
     sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
     sys.stdout.flush()
@@ -584,12 +644,32 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """Help that states each option's default, where it has one beyond off or unset (and
+    the help does not already say it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kp-scorer", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kp-scorer {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    score = commands.add_parser("score", help="score a JSONL file of traces to stdout")
+    def add_command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return commands.add_parser(name, formatter_class=DefaultsShown, **kwargs)
+
+    threshold_help = (
+        f"accept threshold (default: KP_ACCEPT_THRESHOLD, else "
+        f"{Settings.model_fields['accept_threshold'].default})"
+    )
+    profiles_help = "weight profiles JSON file (default: KP_PROFILES_FILE, else the built-in ones)"
+
+    score = add_command("score", help="score a JSONL file of traces to stdout")
     score.add_argument("file", nargs="?", default="-", help="JSONL file, or - for stdin")
     score.add_argument("--no-embedder", action="store_true", help="novelty 0.5 (no model)")
     score.add_argument(
@@ -597,8 +677,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="dotted field (e.g. metadata.agent_id): lines with equal values share a cache",
     )
-    score.add_argument("--profiles", type=Path, help="weight profiles JSON file")
-    score.add_argument("--threshold", type=float, help="accept threshold")
+    score.add_argument("--profiles", type=Path, help=profiles_help)
+    score.add_argument("--threshold", type=float, help=threshold_help)
     score.add_argument("--quiet", action="store_true", help="no progress bar")
     score.add_argument(
         "--fail-on-error",
@@ -608,13 +688,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     score.set_defaults(func=cmd_score)
 
-    worker = commands.add_parser(
+    worker = add_command(
         "worker",
         help="run the stream worker against KAFKA_BOOTSTRAP_SERVERS (Faust flags pass through)",
     )
     worker.set_defaults(func=cmd_worker, passthrough=True)
 
-    demo = commands.add_parser(
+    demo = add_command(
         "demo", help="run broker + worker locally, publish sample traces, print a summary"
     )
     demo.add_argument("--traces", type=Path, help="JSONL traces (default examples/traces.jsonl)")
@@ -623,7 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep-running", action="store_true", help="keep serving until Ctrl-C")
     demo.set_defaults(func=cmd_demo)
 
-    replay = commands.add_parser(
+    replay = add_command(
         "replay", help="re-score a range of a topic into PREFIX.accepted/.rejected/.dead-letter"
     )
     replay.add_argument("--topic", required=True, help="topic to re-score")
@@ -635,11 +715,11 @@ def build_parser() -> argparse.ArgumentParser:
     end.add_argument("--to-time", type=_iso, help="stop at the first record at or after this")
     replay.add_argument("--partitions", type=_partition_list, help="e.g. 0,2 (default: all)")
     replay.add_argument("--output-prefix", required=True, help="writes PREFIX.accepted etc.")
-    replay.add_argument("--profiles", type=Path, help="weight profiles JSON file")
-    replay.add_argument("--threshold", type=float, help="accept threshold")
+    replay.add_argument("--profiles", type=Path, help=profiles_help)
+    replay.add_argument("--threshold", type=float, help=threshold_help)
     replay.set_defaults(func=cmd_replay)
 
-    rescore = commands.add_parser(
+    rescore = add_command(
         "rescore",
         help="re-score recorded outputs with other profiles/thresholds (recorded novelty, "
         "no model)",
@@ -677,8 +757,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="write the re-scored JSONL here (- for stdout; the default for a FILE)",
     )
-    rescore.add_argument("--profiles", type=Path, help="weight profiles JSON file")
-    rescore.add_argument("--threshold", type=float, help="accept threshold")
+    rescore.add_argument("--profiles", type=Path, help=profiles_help)
+    rescore.add_argument("--threshold", type=float, help=threshold_help)
     rescore.add_argument(
         "--domain-threshold",
         type=_domain_threshold,
@@ -690,7 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
     rescore.add_argument("--quiet", action="store_true", help="no progress bar")
     rescore.set_defaults(func=cmd_rescore)
 
-    report = commands.add_parser(
+    report = add_command(
         "report",
         help="an HTML page of score distributions and acceptance by threshold, from recorded "
         "outputs (recorded novelty, no model)",
@@ -737,13 +817,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--quiet", action="store_true", help="no progress bar")
     report.set_defaults(func=cmd_report)
 
-    show = commands.add_parser(
+    show = add_command(
         "settings", help="print the effective settings by variable name (secrets masked)"
     )
     show.add_argument("--json", action="store_true", help="one JSON object keyed by variable")
     show.set_defaults(func=cmd_settings)
 
-    check = commands.add_parser(
+    check = add_command(
         "check",
         help="verify this installation: model loads and embeds, every Kafka codec reads; "
         "versions and results as JSON",
@@ -766,6 +846,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _discard_stdout()
         return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:  # Ctrl-C outside a read of topics (loading the model, ...)
+        _say("kp-scorer: interrupted", "red")
+        return EXIT_INTERRUPTED
     return int(result or 0)
 
 

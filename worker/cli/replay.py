@@ -26,6 +26,7 @@ from worker.io.kafka import (
     PartitionLogReader,
     Publisher,
     create_topics,
+    stop_all,
 )
 from worker.settings import Settings
 from worker.stream.processor import StreamScorer
@@ -100,10 +101,10 @@ async def original_decisions(
     settings: Settings, topic: str
 ) -> dict[tuple[int, int], tuple[str, float]]:
     """(partition, offset) -> (decision, score) from the live accepted/rejected topics."""
-    reader = PartitionLogReader(settings)
-    await reader.start()
+    reader = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     found: dict[tuple[int, int], tuple[str, float]] = {}
     try:
+        await reader.start()
         for decision, output in output_topics(settings).items():
             if decision is Decision.DEAD_LETTER:
                 continue
@@ -116,7 +117,7 @@ async def original_decisions(
                             key = (source["partition"], source["offset"])
                             found.setdefault(key, (decision.value, value["score"]["score"]))
     finally:
-        await reader.stop()
+        await stop_all(reader)
     return found
 
 
@@ -128,13 +129,13 @@ async def replay(
     on_progress: Callable[[int, int | None], None] | None = None,
 ) -> ReplaySummary:
     topics = prefixed_topics(output_prefix)
-    iterate = PartitionLogReader(settings)
-    lookup = PartitionLogReader(settings)
+    iterate = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
+    lookup = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     publisher = Publisher(settings, topics, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     summary = ReplaySummary()
-    await iterate.start()
-    await lookup.start()
     try:
+        await iterate.start()
+        await lookup.start()
         partitions = list(scope.partitions or await iterate.partitions(scope.topic))
         if not partitions:
             raise ValueError(f"topic {scope.topic!r} does not exist or has no partitions")
@@ -157,9 +158,7 @@ async def replay(
                     if on_progress:
                         on_progress(len(routed), total)
     finally:
-        await publisher.stop()
-        await lookup.stop()
-        await iterate.stop()
+        await stop_all(publisher, lookup, iterate)
     return summary
 
 

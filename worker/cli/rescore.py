@@ -168,13 +168,14 @@ async def rescore_topics(
         PartitionLogReader,
         Publisher,
         create_topics,
+        stop_all,
     )
 
-    reader = PartitionLogReader(settings)
+    reader = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     publisher: Publisher | None = None
     summary = RescoreSummary() if summary is None else summary
-    await reader.start()
     try:
+        await reader.start()
         plan: list[tuple[str, int, int, int | None]] = []
         from_ms = _ms(scope.from_time)
         widest = 1
@@ -240,9 +241,7 @@ async def rescore_topics(
         if out is not None:
             out.flush()
     finally:
-        if publisher is not None:
-            await publisher.stop()
-        await reader.stop()
+        await stop_all(publisher, reader)
     return summary
 
 

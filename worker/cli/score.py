@@ -34,6 +34,10 @@ class OfflineSummary:
             self.scores.append(routed.breakdown.score)
 
     @property
+    def lines(self) -> int:
+        return sum(self.counts.values())
+
+    @property
     def dead_letters(self) -> int:
         return self.counts[Decision.DEAD_LETTER.value]
 
@@ -46,12 +50,21 @@ class OfflineSummary:
         return f"scored {sum(self.counts.values())} lines: {decisions}; {mean}"
 
 
-def _lookup(document: Any, dotted: str) -> Any:
+_ABSENT = object()
+
+
+def _find(document: Any, dotted: str) -> Any:
+    """The value at a dotted path, or ``_ABSENT`` where the path does not exist."""
     for part in dotted.split("."):
-        if not isinstance(document, dict):
-            return None
-        document = document.get(part)
+        if not isinstance(document, dict) or part not in document:
+            return _ABSENT
+        document = document[part]
     return document
+
+
+def _lookup(document: Any, dotted: str) -> Any:
+    found = _find(document, dotted)
+    return None if found is _ABSENT else found
 
 
 def _event_time_ms(document: Any) -> int:
@@ -82,6 +95,9 @@ class LineRecords:
         self.source_name = source_name
         self.partition_by = partition_by
         self._partitions: dict[str, int] = {}
+        # Lines that hold the ``partition_by`` field: none means a misspelt path, under which
+        # every line shared one cache.
+        self.lines_with_field = 0
 
     def record(self, index: int, line: bytes) -> SourceRecord:
         try:
@@ -90,8 +106,13 @@ class LineRecords:
             document = None
         partition = 0
         if self.partition_by is not None:
+            value = _find(document, self.partition_by)
+            if value is _ABSENT:
+                value = None
+            else:
+                self.lines_with_field += 1
             try:
-                key = orjson.dumps(_lookup(document, self.partition_by)).decode()
+                key = orjson.dumps(value).decode()
             except orjson.JSONEncodeError:  # nested too deep to write back: one shared group
                 key = "<unserialisable>"
             partition = self._partitions.setdefault(key, len(self._partitions))

@@ -132,9 +132,10 @@ class DerivedModel:
 
 
 def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/kp-scorer``, else ``~/.cache/kp-scorer``."""
-    base = os.environ.get("XDG_CACHE_HOME")
-    return (Path(base) if base else Path.home() / ".cache") / "kp-scorer"
+    """``KP_MODEL_CACHE_DIR``'s default (one definition, in the settings)."""
+    from worker.settings import default_model_cache_dir
+
+    return default_model_cache_dir()
 
 
 def derive_int8_model(

@@ -44,6 +44,10 @@ _SCORE_HEADERS = frozenset(
 )
 
 
+# A trace as producers publish it, never scored: `kp-scorer score` (or `replay`) is what it needs.
+RAW_TRACE = "a raw ReasoningTrace, not a scored output (score it with `kp-scorer score`)"
+
+
 class Unrescorable(StrEnum):
     """Why a recorded output was not re-scored."""
 
@@ -114,6 +118,8 @@ class Rescorer:
     def rescore(self, recorded: Any) -> Rescored | NotRescored:
         """Re-score one decoded recorded output (not modified)."""
         if type(recorded) is not dict or type(recorded.get("trace")) is not dict:
+            if type(recorded) is dict and recorded.get("@type") == "ReasoningTrace":
+                return NotRescored(Unrescorable.NOT_AN_OUTPUT, RAW_TRACE)
             return NotRescored(Unrescorable.NOT_AN_OUTPUT, "not a scored-trace envelope")
         scorer = recorded.get("scorer")
         version = scorer.get("version") if type(scorer) is dict else None

@@ -25,7 +25,7 @@ from aiokafka.errors import (
     UnsupportedVersionError,
 )
 
-from worker.core.errors import one_line
+from worker.core.errors import error_line
 from worker.core.output import is_refused_form, output_topics, refused, without_value
 from worker.core.records import Decision, RoutedRecord, SourceRecord
 from worker.io import unreadable
@@ -42,7 +42,9 @@ NO_PRODUCER_IDS = (UnknownError, UnsupportedVersionError, ClusterAuthorizationFa
 FETCH_TIMEOUT_MS = 1000
 MAX_IDLE_FETCHES = 30
 # Commands run by hand (replay, rescore) give up on an unreachable broker after this long,
-# reading (MAX_IDLE_FETCHES empty fetches) and publishing alike; the worker never does.
+# reading (MAX_IDLE_FETCHES empty fetches), connecting (a request unanswered for this long:
+# aiokafka's own default waits 40 s) and publishing (records unacknowledged this long after
+# they were sent) alike; the worker never does.
 COMMAND_GIVE_UP_SECONDS = MAX_IDLE_FETCHES * FETCH_TIMEOUT_MS / 1000
 
 
@@ -61,6 +63,21 @@ async def _stop_client(
         log.warning("%s stopped with its requests cancelled", name)
     except (TimeoutError, KafkaError, OSError) as exc:
         log.warning("%s did not stop cleanly", name, extra={"error": repr(exc)[:300]})
+
+
+async def stop_all(*clients: PartitionLogReader | Publisher | None) -> None:
+    """Stop every client, each even when stopping one before it was cancelled (Ctrl-C):
+    a client left open is reported as "Unclosed" at exit. The cancellation is raised after."""
+    cancelled: asyncio.CancelledError | None = None
+    for client in clients:
+        if client is None:
+            continue
+        try:
+            await client.stop()
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
 
 
 def client_config(settings: Settings) -> dict[str, Any]:
@@ -189,11 +206,22 @@ def _source_record(message: Any) -> SourceRecord:
 class PartitionLogReader:
     """Reads offset ranges of partitions directly (no consumer group, commits nothing)."""
 
-    def __init__(self, settings: Settings, group_id: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        group_id: str | None = None,
+        give_up_after_seconds: float | None = None,
+    ) -> None:
+        """``give_up_after_seconds``: the longest one request may wait for an answer (a
+        command run by hand); None keeps the client's default (the worker)."""
         self._settings = settings
         unreadable.install(settings.max_batch_bytes)
+        timeout: dict[str, int] = {}
+        if give_up_after_seconds is not None:
+            timeout["request_timeout_ms"] = int(give_up_after_seconds * 1000)
         self._consumer = AIOKafkaConsumer(
             **client_config(settings),
+            **timeout,
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -201,6 +229,7 @@ class PartitionLogReader:
             fetch_max_bytes=settings.fetch_max_bytes,
         )
         self._started = False
+        self._closed = False
 
     async def start(self) -> None:
         if not self._started:
@@ -208,7 +237,10 @@ class PartitionLogReader:
             self._started = True
 
     async def stop(self) -> None:
-        if self._started:
+        """Close the client, started or not (once): a client built and never closed, as when
+        Ctrl-C comes before or during its start, is reported as "Unclosed" at exit."""
+        if not self._closed:
+            self._closed = True
             self._started = False
             await _stop_client(self._consumer, "log reader")
 
@@ -319,6 +351,7 @@ class Publisher:
         self.idempotent = settings.producer_idempotence != "off"
         self._producer = self._new_producer()
         self._started = False
+        self._closed = False
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -358,7 +391,9 @@ class Publisher:
         self._started = True
 
     async def stop(self) -> None:
-        if self._started:
+        """Close the producer, started or not (once; see :meth:`PartitionLogReader.stop`)."""
+        if not self._closed:
+            self._closed = True
             self._started = False
             await _stop_client(self._producer, "publisher")
 
@@ -410,7 +445,7 @@ class Publisher:
             return without_value(record, self._max_output_bytes)
         if is_refused_form(record):
             return None
-        return refused(record, f"{type(refusal).__name__}: {one_line(refusal)}"[:200])
+        return refused(record, error_line(refusal, limit=200))
 
     async def publish(self, routed: Sequence[RoutedRecord]) -> None:
         """Send all, then wait for every ack; retried until acknowledged (never dropped).
@@ -424,6 +459,7 @@ class Publisher:
         delays = backoff(PUBLISH_RETRY_SECONDS)
         failing_since: float | None = None
         while pending:
+            sent_at = time.monotonic()
             futures = [await self._send(record) for record in pending]
             results = await asyncio.gather(*futures, return_exceptions=True)
             failed = [
@@ -438,7 +474,9 @@ class Publisher:
                 return
             self._observer.publish_retried()
             errors = {type(res).__name__ for res in results if isinstance(res, BaseException)}
-            failing_since = failing_since or time.monotonic()
+            # From the first try: a request to a broker that vanished fails only after its
+            # timeout, and that wait counts towards giving up.
+            failing_since = failing_since or sent_at
             gave_up = self._give_up_after is not None and (
                 time.monotonic() - failing_since >= self._give_up_after
             )
@@ -456,4 +494,11 @@ class Publisher:
             await asyncio.sleep(delay)
 
 
-__all__ = ["KafkaError", "PartitionLogReader", "Publisher", "client_config", "ensure_topics"]
+__all__ = [
+    "KafkaError",
+    "PartitionLogReader",
+    "Publisher",
+    "client_config",
+    "ensure_topics",
+    "stop_all",
+]

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from worker.core.errors import error_line
+
 log = logging.getLogger(__name__)
 
 
@@ -71,7 +73,7 @@ class BrokerHealth:
     def unreachable(self, error: BaseException | str) -> None:
         """A request the broker should have answered failed or timed out. Before its first
         answer only the reason is kept: the start-up retries log each failure themselves."""
-        reason = (error if isinstance(error, str) else f"{type(error).__name__}: {error}")[:300]
+        reason = error[:300] if isinstance(error, str) else error_line(error)
         with self._lock:
             self.last_error = reason
             if not self.reachable:

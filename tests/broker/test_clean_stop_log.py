@@ -1,0 +1,41 @@
+"""A clean stop of a real worker, as an operator reads it: a few lines of ours, not faust's
+narration of every service it stops, each stamped in UTC with milliseconds."""
+
+from __future__ import annotations
+
+import re
+import signal
+import uuid
+
+from worker.dev.process import WorkerProcess
+
+from support.workers import worker_topics
+
+# Our own lines of a clean stop: "shutting down" and "stopped; ...". Room for one more (a
+# library's warning in a slow stop), not for faust's ~20 "[^--Service]: Stopping..." lines.
+MOST_STOP_LINES = 3
+
+
+def test_a_clean_stop_is_a_few_lines_of_ours(kafka_bootstrap: str) -> None:
+    env, _ = worker_topics(f"stop-{uuid.uuid4().hex[:8]}", partitions=2)
+    worker = WorkerProcess(kafka_bootstrap, **env).start()
+    try:
+        worker.wait_ready(timeout=120)
+        ready_lines = len(worker.log_text().splitlines())
+        worker.signal(signal.SIGTERM)
+        assert worker.process is not None
+        code = worker.process.wait(60)
+    finally:
+        worker.stop()
+    lines = worker.log_text().splitlines()
+    stop = worker.events()[ready_lines:]
+    assert code == 0, worker.tail()
+    assert len(lines) - ready_lines == len(stop), "every line is JSON"
+    events = [e["event"] for e in stop]
+    assert "shutting down" in events
+    assert events[-1] == "stopped; every published record is committed"
+    assert len(stop) <= MOST_STOP_LINES, events
+    assert not [
+        e for e in worker.events() if str(e["event"]).endswith(("Starting...", "Stopping..."))
+    ]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", str(e["ts"])) for e in stop)
