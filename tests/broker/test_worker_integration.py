@@ -48,6 +48,12 @@ def sample_lines(count: int) -> list[bytes]:
     return [lines[i % len(lines)] for i in range(count)]
 
 
+def unique_text(line: bytes, number: int) -> bytes:
+    trace = orjson.loads(line)
+    trace["task"]["objective"] += f" (run {number})"
+    return orjson.dumps(trace)
+
+
 def test_mixed_batch_is_routed_exactly_once_and_scores_match_offline(
     kafka_bootstrap: str, new_topic_name, offline_scorer
 ) -> None:
@@ -140,7 +146,9 @@ def test_sigterm_and_restart_lose_nothing_and_keep_scores(
 ) -> None:
     env, outputs = worker_topics(new_topic_name("restart"), partitions=2)
     create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=2)
-    lines = sample_lines(60)
+    # Texts all distinct (a repeated text reuses its stored vector and costs nothing), and
+    # enough of them that the stop lands mid-stream however fast the worker is.
+    lines = [unique_text(line, i) for i, line in enumerate(sample_lines(150))]
     produced = produce(
         kafka_bootstrap,
         env["KP_INPUT_TOPIC"],
