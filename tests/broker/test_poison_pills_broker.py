@@ -63,6 +63,17 @@ def _produce_any(
     return [offsets[index] for index in range(len(records))]
 
 
+def _outputs_of(
+    worker: WorkerProcess, bootstrap: str, topics: dict[str, str], offsets: list[int]
+) -> tuple[list[Output], bool, list[str]]:
+    """The outputs of ``offsets`` (partition 0), whether the worker is still up, its events."""
+    try:
+        outputs = collect_outputs(bootstrap, topics, {(0, offset) for offset in offsets}, 60)
+    except TimeoutError as exc:
+        pytest.fail(f"{exc}; worker alive: {worker.alive()}; log tail:\n{worker.tail(15)}")
+    return outputs, worker.alive(), [str(e.get("event")) for e in worker.events()]
+
+
 def _headers_schema() -> Draft202012Validator:
     return Draft202012Validator(
         orjson.loads((REPO / "schemas" / "dead-letter-headers.schema.json").read_bytes())
@@ -97,14 +108,7 @@ def test_records_without_key_or_value_are_dead_lettered_and_the_worker_goes_on(
         offsets = _produce_any(
             kafka_bootstrap, env["KP_INPUT_TOPIC"], [(k, v) for _, k, v in planned]
         )
-        try:
-            outputs = collect_outputs(
-                kafka_bootstrap, topics, {(0, offset) for offset in offsets}, timeout=60
-            )
-        except TimeoutError as exc:
-            pytest.fail(f"{exc}; worker alive: {worker.alive()}; log tail:\n{worker.tail(15)}")
-        alive = worker.alive()
-        events = [str(e.get("event")) for e in worker.events()]
+        outputs, alive, events = _outputs_of(worker, kafka_bootstrap, topics, offsets)
 
     assert alive, "no record may stop the worker"
     assert events.count("scorer ready") == 1, "the worker must never restart"
@@ -200,14 +204,7 @@ def test_a_batch_the_kafka_client_cannot_read_is_dead_lettered_and_the_worker_go
             check=True,
         )
         offsets = orjson.loads(produced.stdout)
-        try:
-            outputs = collect_outputs(
-                kafka_bootstrap, topics, {(0, offset) for offset in offsets}, timeout=60
-            )
-        except TimeoutError as exc:
-            pytest.fail(f"{exc}; worker alive: {worker.alive()}; log tail:\n{worker.tail(15)}")
-        alive = worker.alive()
-        events = [str(e.get("event")) for e in worker.events()]
+        outputs, alive, events = _outputs_of(worker, kafka_bootstrap, topics, offsets)
 
     assert alive, "no record may stop the worker"
     assert events.count("scorer ready") == 1, "the worker must never restart"

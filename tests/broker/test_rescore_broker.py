@@ -27,10 +27,10 @@ TRACES = 40
 MALFORMED = [b"not json", b'{"@type": "ReasoningTrace"}']
 
 
-def rescore(bootstrap: str, env: dict[str, str], *args: str) -> dict[str, Any]:
-    """Run `kp-scorer rescore --from-topics ... --json` as a process; its JSON summary."""
+def from_topics(command: str, bootstrap: str, env: dict[str, str], *args: str) -> dict[str, Any]:
+    """Run `kp-scorer COMMAND --from-topics ... --json` as a process; its JSON."""
     done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "rescore", "--from-topics", "--json", *args],
+        [sys.executable, "-m", "worker.cli", command, "--from-topics", "--json", *args],
         env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, **env},
         capture_output=True,
         timeout=180,
@@ -38,6 +38,11 @@ def rescore(bootstrap: str, env: dict[str, str], *args: str) -> dict[str, Any]:
     )
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     return orjson.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def rescore(bootstrap: str, env: dict[str, str], *args: str) -> dict[str, Any]:
+    """`kp-scorer rescore --from-topics ... --json`: its summary."""
+    return from_topics("rescore", bootstrap, env, *args)
 
 
 @pytest.fixture(scope="module")
@@ -152,16 +157,8 @@ def test_time_range_selects_by_when_outputs_were_published(kafka_bootstrap: str,
 
 
 def report(bootstrap: str, env: dict[str, str], *args: str) -> dict[str, Any]:
-    """Run `kp-scorer report --from-topics ... --json` as a process; its numbers."""
-    done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "report", "--from-topics", "--json", *args],
-        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, **env},
-        capture_output=True,
-        timeout=180,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
-    return orjson.loads(done.stdout)  # type: ignore[no-any-return]
+    """`kp-scorer report --from-topics ... --json`: its numbers."""
+    return from_topics("report", bootstrap, env, *args)
 
 
 def test_report_reads_the_three_output_topics_and_agrees_with_rescore(

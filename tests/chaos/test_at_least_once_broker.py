@@ -13,14 +13,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from worker.dev.embedded_broker import EmbeddedBroker
-from worker.dev.process import LOCAL_GROUP_SETTINGS, WorkerProcess, free_loopback_port
+from worker.dev.process import LOCAL_GROUP_SETTINGS, WorkerProcess
 from worker.io.shutdown import EXIT_DEADLINE
 
 from support.kafka_helpers import create_topics, produce
@@ -35,17 +33,6 @@ PARTITIONS = 2
 RECORDS = 12
 # Long enough for several of the worker's commit intervals to pass while publishes are held.
 COMMIT_INTERVALS_WAITED = 5
-
-
-@pytest.fixture(scope="module")
-def proxied() -> Iterator[tuple[TcpProxy, str]]:
-    """A dedicated broker reachable only through a proxy: (proxy, bootstrap via the proxy)."""
-    proxy_port = free_loopback_port()
-    with (
-        EmbeddedBroker(advertised_port=proxy_port) as broker,
-        TcpProxy(broker.port, port=proxy_port) as proxy,
-    ):
-        yield proxy, f"127.0.0.1:{proxy_port}"
 
 
 def committed(bootstrap: str, group: str, topic: str) -> dict[int, int | None]:

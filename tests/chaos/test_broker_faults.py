@@ -22,7 +22,6 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
@@ -45,17 +44,6 @@ pytestmark = pytest.mark.broker
 PARTITIONS = 2
 RATE_PER_SECOND = 20.0
 CAUGHT_UP_LAG_SECONDS = 3.0
-
-
-@pytest.fixture(scope="module")
-def proxied() -> Iterator[tuple[TcpProxy, str]]:
-    """A dedicated broker reachable only through a proxy: (proxy, bootstrap via the proxy)."""
-    proxy_port = free_loopback_port()
-    with (
-        EmbeddedBroker(advertised_port=proxy_port) as broker,
-        TcpProxy(broker.port, port=proxy_port) as proxy,
-    ):
-        yield proxy, f"127.0.0.1:{proxy_port}"
 
 
 def trace(i: int, tag: str) -> bytes:

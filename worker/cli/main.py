@@ -250,6 +250,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.traces, args.rate, args.timeout, args.keep_running)
 
 
+def _recorded_outputs_options(
+    parser: argparse.ArgumentParser, topics: str, default_topics: str
+) -> None:
+    """What `rescore` and `report` read: a file of scored outputs, or a range of topics. The
+    range is of the topics read (offsets and partitions of each; times are when the outputs
+    were published, i.e. scored), as `replay`'s is of the topic it reads."""
+    parser.add_argument(
+        "file", nargs="?", help="JSONL of scored outputs (as `score` writes), or - for stdin"
+    )
+    parser.add_argument(
+        "--from-topics", action="store_true", help=f"read {topics} instead of a file"
+    )
+    parser.add_argument(
+        "--topic",
+        action="append",
+        help=f"with --from-topics: a topic to read (repeatable; default: {default_topics})",
+    )
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--from-offset", type=int, help="first offset (default: the beginning)")
+    start.add_argument("--from-time", type=_iso, help="first output at or after this ISO time")
+    end = parser.add_mutually_exclusive_group()
+    end.add_argument("--to-offset", type=int, help="stop before this offset")
+    end.add_argument("--to-time", type=_iso, help="stop at the first output at or after this")
+    parser.add_argument(
+        "--partitions", type=_partition_list, help="of the topics read, e.g. 0,2 (default: all)"
+    )
+
+
 def _iso(value: str) -> datetime:
     try:
         moment = datetime.fromisoformat(value)
@@ -724,30 +752,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-score recorded outputs with other profiles/thresholds (recorded novelty, "
         "no model)",
     )
-    rescore.add_argument(
-        "file", nargs="?", help="JSONL of scored outputs (as `score` writes), or - for stdin"
-    )
-    rescore.add_argument(
-        "--from-topics",
-        action="store_true",
-        help="read the accepted and rejected topics instead of a file",
-    )
-    rescore.add_argument(
-        "--topic",
-        action="append",
-        help="with --from-topics: a topic of scored outputs to read (repeatable; default: "
-        "KP_ACCEPTED_TOPIC and KP_REJECTED_TOPIC)",
-    )
-    # The range is of the topics read (offsets and partitions of each; times are when the
-    # outputs were published, i.e. scored), as `replay`'s is of the topic it reads.
-    start = rescore.add_mutually_exclusive_group()
-    start.add_argument("--from-offset", type=int, help="first offset (default: the beginning)")
-    start.add_argument("--from-time", type=_iso, help="first output at or after this ISO time")
-    end = rescore.add_mutually_exclusive_group()
-    end.add_argument("--to-offset", type=int, help="stop before this offset")
-    end.add_argument("--to-time", type=_iso, help="stop at the first output at or after this")
-    rescore.add_argument(
-        "--partitions", type=_partition_list, help="of the topics read, e.g. 0,2 (default: all)"
+    _recorded_outputs_options(
+        rescore, "the accepted and rejected topics", "KP_ACCEPTED_TOPIC and KP_REJECTED_TOPIC"
     )
     rescore.add_argument(
         "--output-prefix", help="with --from-topics: publish to PREFIX.accepted/.rejected"
@@ -775,28 +781,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="an HTML page of score distributions and acceptance by threshold, from recorded "
         "outputs (recorded novelty, no model)",
     )
-    report.add_argument(
-        "file", nargs="?", help="JSONL of scored outputs (as `score` writes), or - for stdin"
-    )
-    report.add_argument(
-        "--from-topics",
-        action="store_true",
-        help="read the accepted, rejected and dead-letter topics instead of a file",
-    )
-    report.add_argument(
-        "--topic",
-        action="append",
-        help="with --from-topics: a topic to read (repeatable; default: KP_ACCEPTED_TOPIC, "
-        "KP_REJECTED_TOPIC and KP_DEAD_LETTER_TOPIC)",
-    )
-    start = report.add_mutually_exclusive_group()
-    start.add_argument("--from-offset", type=int, help="first offset (default: the beginning)")
-    start.add_argument("--from-time", type=_iso, help="first output at or after this ISO time")
-    end = report.add_mutually_exclusive_group()
-    end.add_argument("--to-offset", type=int, help="stop before this offset")
-    end.add_argument("--to-time", type=_iso, help="stop at the first output at or after this")
-    report.add_argument(
-        "--partitions", type=_partition_list, help="of the topics read, e.g. 0,2 (default: all)"
+    _recorded_outputs_options(
+        report,
+        "the accepted, rejected and dead-letter topics",
+        "KP_ACCEPTED_TOPIC, KP_REJECTED_TOPIC and KP_DEAD_LETTER_TOPIC",
     )
     report.add_argument(
         "--output",
