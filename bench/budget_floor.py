@@ -249,11 +249,12 @@ def main() -> None:
     args = parser.parse_args()
     loads = [float(x) for x in args.loads.split(",")]
 
-    import _common as c
+    import _corpus
+    import _machine
 
-    print(c.machine_line())
-    print(f"load average {c.load_average()}")
-    texts = [record.text for record in c.corpus(args.texts, "floor")]
+    print(_machine.machine_line())
+    print(f"load average {_machine.load_average()}")
+    texts = [record.text for record in _corpus.corpus(args.texts, "floor")]
     verdicts = []
     reference = 0.0  # the first engine's max rate: every engine gets the same arrivals
     for name in args.engines.split(","):
@@ -319,7 +320,7 @@ def main() -> None:
         shipped.close()  # type: ignore[attr-defined]
     print()
     print("\n".join(verdicts))
-    print(f"load average at end {c.load_average()}")
+    print(f"load average at end {_machine.load_average()}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,11 @@ import sys
 import time
 from collections.abc import Callable
 
-import _common as c
+# isort: off
+import worker  # noqa: F401  (sets OPENBLAS_NUM_THREADS=1 before numpy loads, as in the worker)
+
+# isort: on
+import _machine
 import numpy as np
 
 from worker.core.cache import VectorCache
@@ -101,7 +105,7 @@ def scan_bench(rounds: int, calls: int) -> None:
     print(
         f"cache scan: {CAPACITY} x {DIMS}, OPENBLAS_NUM_THREADS="
         f"{os.environ.get('OPENBLAS_NUM_THREADS')}, {rounds} rounds x {calls} calls, "
-        f"load average {c.load_average()}"
+        f"load average {_machine.load_average()}"
     )
     print(f"  {'variant':<34} {'us/call':>9} {'us/query':>9} {'p10-p90 us/query':>19}  target")
     for name in names:
@@ -122,7 +126,7 @@ def rss_child() -> None:
     """Runs in a fresh process; prints one JSON object per step."""
 
     def report(step: str) -> None:
-        rss = c.proc_status_kib("self", "VmRSS") / 1024
+        rss = _machine.proc_status_kib("self", "VmRSS") / 1024
         print(json.dumps({"step": step, "rss_mb": rss}), flush=True)
 
     report("python + numpy + bench helpers")
@@ -149,7 +153,9 @@ def rss_child() -> None:
     assert len(sizes) == PARTITIONS_FOR_RSS and set(sizes.values()) == {CAPACITY}
     report(f"+ {PARTITIONS_FOR_RSS} partitions x {CAPACITY} vectors (scorer.caches.warm)")
     print(
-        json.dumps({"step": "peak (VmHWM)", "rss_mb": c.proc_status_kib("self", "VmHWM") / 1024}),
+        json.dumps(
+            {"step": "peak (VmHWM)", "rss_mb": _machine.proc_status_kib("self", "VmHWM") / 1024}
+        ),
         flush=True,
     )
 
@@ -182,7 +188,7 @@ def main() -> None:
     if args.rss_child:
         rss_child()
         return
-    print(c.machine_line())
+    print(_machine.machine_line())
     scan_bench(rounds=15 if args.quick else 41, calls=100 if args.quick else 300)
     rss_bench()
 

@@ -22,7 +22,9 @@ import time
 import uuid
 import zlib
 
-import _common as c
+import _corpus
+import _machine
+import _worker
 import orjson
 from aiokafka import AIOKafkaProducer
 
@@ -56,7 +58,7 @@ async def produce(bootstrap: str, topic: str, value_mib: int, codec: str) -> lis
     await producer.start()
     try:
         bomb = await producer.send_and_wait(topic, b"x" * size, key=b"bomb", partition=0)
-        trace = orjson.loads(c.EXAMPLES.read_bytes().splitlines()[0])
+        trace = orjson.loads(_corpus.EXAMPLES.read_bytes().splitlines()[0])
         ordinary = await producer.send_and_wait(
             topic, orjson.dumps(trace), key=b"after-bomb", partition=0
         )
@@ -71,23 +73,28 @@ async def main() -> None:
     parser.add_argument("--codec", choices=("gzip", "snappy", "lz4", "zstd"), default="gzip")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    env = c.parse_env(args.env)
-    print(c.machine_line())
-    print(f"settings: {c.env_text(env)}")
+    env = _worker.parse_env(args.env)
+    print(_machine.machine_line())
+    print(f"settings: {_worker.env_text(env)}")
     compressed = f"of {gzip_size(args.mib):,} bytes" if args.codec == "gzip" else ""
     print(f"bomb: {args.mib} MiB of b'x' in one {args.codec} batch {compressed}")
-    topics = c.Topics(f"bench-bomb-{uuid.uuid4().hex[:8]}")
+    topics = _worker.Topics(f"bench-bomb-{uuid.uuid4().hex[:8]}")
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap_servers
-        worker = c.Worker(bootstrap, **{**topics.worker_env(), "KP_INPUT_PARTITIONS": "1", **env})
-        collector = c.OutputCollector(bootstrap, topics)
+        worker = _worker.Worker(
+            bootstrap, **{**topics.worker_env(), "KP_INPUT_PARTITIONS": "1", **env}
+        )
+        collector = _worker.OutputCollector(bootstrap, topics)
         try:
-            await c.create_topics(bootstrap, topics, input_partitions=1)
+            await _worker.create_topics(bootstrap, topics, input_partitions=1)
             worker.start()
             await worker.wait_serving()
             await asyncio.to_thread(worker.wait_ready)
             pid = worker.pid or 0
-            rss, hwm = c.proc_status_kib(pid, "VmRSS"), c.proc_status_kib(pid, "VmHWM")
+            rss, hwm = (
+                _machine.proc_status_kib(pid, "VmRSS"),
+                _machine.proc_status_kib(pid, "VmHWM"),
+            )
             print(f"worker ready: VmRSS {mib(rss)}, peak so far (VmHWM) {mib(hwm)}")
             started = time.monotonic()
             sources = await produce(bootstrap, topics.input, args.mib, args.codec)
@@ -97,8 +104,8 @@ async def main() -> None:
             took = time.monotonic() - started
             if not worker.alive():
                 raise RuntimeError(f"the worker exited:\n{worker.tail()}")
-            peak = c.proc_status_kib(pid, "VmHWM")
-            after = c.proc_status_kib(pid, "VmRSS")
+            peak = _machine.proc_status_kib(pid, "VmHWM")
+            after = _machine.proc_status_kib(pid, "VmRSS")
             print(f"produced in {produced:.1f} s; both outputs {took:.1f} s after it was sent")
             print(f"bomb -> {bomb.decision}; the trace after it -> {ordinary.decision}")
             print(

@@ -45,8 +45,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import _common as c
+import _corpus
+import _machine
+import _metrics
+import _worker
 import numpy as np
+from _metrics import BUDGET_SECONDS, fmt_ms
 from aiokafka import AIOKafkaProducer
 
 from worker.dev.embedded_broker import EmbeddedBroker
@@ -65,9 +69,11 @@ _SETTING_SPLIT = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*=)")
 class Config:
     name: str
     env: dict[str, str]
-    topics: c.Topics = field(default_factory=lambda: c.Topics(f"bench-lat-{uuid.uuid4().hex[:8]}"))
-    worker: c.Worker | None = None
-    count: c.OutputCount | None = None
+    topics: _worker.Topics = field(
+        default_factory=lambda: _worker.Topics(f"bench-lat-{uuid.uuid4().hex[:8]}")
+    )
+    worker: _worker.Worker | None = None
+    count: _worker.OutputCount | None = None
     acknowledged: int = 0  # outputs the worker has had acknowledged so far (its count)
     max_rate: float = 0.0
 
@@ -79,8 +85,8 @@ class Phase:
     rate: float
     sent: int
     achieved_rate: float
-    worker: c.Histogram
-    e2e: c.Histogram
+    worker: _metrics.Histogram
+    e2e: _metrics.Histogram
     breaches_counter: float
     send_to_stamp: list[float]
     depth: float
@@ -99,14 +105,19 @@ def parse_config(text: str) -> tuple[str, dict[str, str]]:
         raise argparse.ArgumentTypeError(f"expected NAME:KEY=VALUE,..., got {text!r}")
     items = [item for item in _SETTING_SPLIT.split(settings) if item.strip()]
     try:
-        return name.strip(), c.parse_env(items)
+        return name.strip(), _worker.parse_env(items)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 async def paced(
-    bootstrap: str, config: Config, records: list[c.Record], rate: float, arrivals: str, seed: int
-) -> tuple[list[c.Sent], float]:
+    bootstrap: str,
+    config: Config,
+    records: list[_corpus.Record],
+    rate: float,
+    arrivals: str,
+    seed: int,
+) -> tuple[list[_worker.Sent], float]:
     """Send records at ``rate`` per second; returns what was sent and the achieved rate."""
     rng = np.random.default_rng(seed)
     gaps = (
@@ -138,11 +149,11 @@ async def paced(
         results = await asyncio.gather(*futures)
     finally:
         await producer.stop()
-    sent = [c.Sent(m.partition, m.offset, t) for m, t in zip(results, times, strict=True)]
+    sent = [_worker.Sent(m.partition, m.offset, t) for m, t in zip(results, times, strict=True)]
     return sent, (len(records) - 1) / elapsed if elapsed > 0 else 0.0
 
 
-async def wait_acknowledged(config: Config, sent: list[c.Sent], timeout: float) -> None:
+async def wait_acknowledged(config: Config, sent: list[_worker.Sent], timeout: float) -> None:
     """Until the worker has had ``sent``'s outputs acknowledged (its own count on /metrics).
 
     Reading the output topics while the worker runs (a consumer polling 12 partitions every
@@ -154,8 +165,10 @@ async def wait_acknowledged(config: Config, sent: list[c.Sent], timeout: float) 
     config.acknowledged += len(sent)
 
 
-async def read_outputs(bootstrap: str, config: Config, sent: list[c.Sent]) -> list[c.Output]:
-    collector = c.OutputCollector(bootstrap, config.topics)
+async def read_outputs(
+    bootstrap: str, config: Config, sent: list[_worker.Sent]
+) -> list[_worker.Output]:
+    collector = _worker.OutputCollector(bootstrap, config.topics)
     await collector.start()
     try:
         return await collector.wait_for([(s.partition, s.offset) for s in sent], timeout=60)
@@ -164,12 +177,12 @@ async def read_outputs(bootstrap: str, config: Config, sent: list[c.Sent]) -> li
 
 
 async def measure_max_rate(bootstrap: str, config: Config, count: int, unique_texts: bool) -> float:
-    records = c.corpus(count, f"max-{uuid.uuid4().hex[:6]}", unique_texts)
-    sent = await c.produce_burst(bootstrap, config.topics.input, records)
+    records = _corpus.corpus(count, f"max-{uuid.uuid4().hex[:6]}", unique_texts)
+    sent = await _worker.produce_burst(bootstrap, config.topics.input, records)
     produced = time.time()
     await wait_acknowledged(config, sent, timeout=60 + count)
     outputs = await read_outputs(bootstrap, config, sent)
-    rate, _, _ = c.output_rate(outputs, produced)
+    rate, _, _ = _worker.output_rate(outputs, produced)
     return rate
 
 
@@ -177,21 +190,27 @@ async def run_phase(
     bootstrap: str, config: Config, load: float, rate: float, args: argparse.Namespace, seed: int
 ) -> Phase:
     assert config.worker is not None
-    records = c.corpus(args.per_phase, f"p{seed}-{uuid.uuid4().hex[:6]}", not args.repeat_texts)
-    before = c.scrape(await asyncio.to_thread(config.worker.metrics_text))
-    cpu_before, wall_before = c.cpu_seconds(config.worker.pid), time.monotonic()
-    load_average = c.load_average()
+    records = _corpus.corpus(
+        args.per_phase, f"p{seed}-{uuid.uuid4().hex[:6]}", not args.repeat_texts
+    )
+    before = _metrics.scrape(await asyncio.to_thread(config.worker.metrics_text))
+    cpu_before, wall_before = _machine.cpu_seconds(config.worker.pid), time.monotonic()
+    load_average = _machine.load_average()
     sent, achieved = await paced(bootstrap, config, records, rate, args.arrivals, seed)
     await wait_acknowledged(config, sent, timeout=60 + args.per_phase)
-    cores = (c.cpu_seconds(config.worker.pid) - cpu_before) / (time.monotonic() - wall_before)
+    cores = (_machine.cpu_seconds(config.worker.pid) - cpu_before) / (
+        time.monotonic() - wall_before
+    )
     await asyncio.sleep(0.5)  # metrics are observed right after the broker's acks
-    diff = c.delta(c.scrape(await asyncio.to_thread(config.worker.metrics_text)), before)
+    diff = _metrics.delta(
+        _metrics.scrape(await asyncio.to_thread(config.worker.metrics_text)), before
+    )
     outputs = await read_outputs(bootstrap, config, sent)
-    entered = c.value(diff, "kp_batch_size_count")
+    entered = _metrics.value(diff, "kp_batch_size_count")
 
     def mean_ms(stage: str) -> float:
-        count = c.value(diff, "kp_stage_latency_seconds_count", stage=stage)
-        total = c.value(diff, "kp_stage_latency_seconds_sum", stage=stage)
+        count = _metrics.value(diff, "kp_stage_latency_seconds_count", stage=stage)
+        total = _metrics.value(diff, "kp_stage_latency_seconds_sum", stage=stage)
         return total / count * 1000 if count else 0.0
 
     return Phase(
@@ -200,13 +219,13 @@ async def run_phase(
         rate=rate,
         sent=len(sent),
         achieved_rate=achieved,
-        worker=c.histogram(diff, "kp_trace_latency_seconds"),
-        e2e=c.histogram(diff, "kp_end_to_end_latency_seconds"),
-        breaches_counter=c.value(diff, "kp_budget_breaches_total"),
+        worker=_metrics.histogram(diff, "kp_trace_latency_seconds"),
+        e2e=_metrics.histogram(diff, "kp_end_to_end_latency_seconds"),
+        breaches_counter=_metrics.value(diff, "kp_budget_breaches_total"),
         send_to_stamp=[o.timestamp - s.sent_at for o, s in zip(outputs, sent, strict=True)],
-        depth=c.value(diff, "kp_batch_size_sum") / entered if entered else 0.0,
-        reused=c.value(diff, "kp_embeddings_reused_total"),
-        split=c.value(diff, "kp_model_runs_split_total"),
+        depth=_metrics.value(diff, "kp_batch_size_sum") / entered if entered else 0.0,
+        reused=_metrics.value(diff, "kp_embeddings_reused_total"),
+        split=_metrics.value(diff, "kp_model_runs_split_total"),
         embed_ms=mean_ms("embed"),
         publish_ms=mean_ms("publish"),
         worker_cores=cores,
@@ -222,15 +241,15 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
     phases: list[Phase] = []
     try:
         for config in configs:
-            await c.create_topics(bootstrap, config.topics)
-            config.worker = c.Worker(bootstrap, **config.topics.worker_env(), **config.env)
+            await _worker.create_topics(bootstrap, config.topics)
+            config.worker = _worker.Worker(bootstrap, **config.topics.worker_env(), **config.env)
             config.worker.start()
         for config in configs:
             assert config.worker is not None
             await config.worker.wait_serving()
-            config.count = c.OutputCount(config.worker)
-            warm = await c.produce_burst(
-                bootstrap, config.topics.input, c.corpus(WARMUP_RECORDS, "warm", unique)
+            config.count = _worker.OutputCount(config.worker)
+            warm = await _worker.produce_burst(
+                bootstrap, config.topics.input, _corpus.corpus(WARMUP_RECORDS, "warm", unique)
             )
             await wait_acknowledged(config, warm, 180)
         for config in configs:
@@ -239,7 +258,7 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
             )
             print(
                 f"max rate [{config.name}]: {config.max_rate:.1f} traces/s "
-                f"({args.max_rate_records}-trace backlog; load average {c.load_average()})",
+                f"({args.max_rate_records}-trace backlog; load average {_machine.load_average()})",
                 flush=True,
             )
         reference = args.rate or configs[0].max_rate
@@ -260,13 +279,13 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
     return phases
 
 
-def quantiles_ms(h: c.Histogram) -> str:
-    return " ".join(c.fmt_ms(h.quantile(q)) for q in (0.5, 0.95, 0.99))
+def quantiles_ms(h: _metrics.Histogram) -> str:
+    return " ".join(fmt_ms(h.quantile(q)) for q in (0.5, 0.95, 0.99))
 
 
 def print_phase(phase: Phase) -> None:
     h, e2e = phase.worker, phase.e2e
-    stamp = c.percentiles(phase.send_to_stamp)
+    stamp = _metrics.percentiles(phase.send_to_stamp)
     print(
         f"[{phase.config}] load {phase.load:.0%}: {phase.sent} traces at {phase.rate:.2f}/s "
         f"(achieved {phase.achieved_rate:.2f}/s), mean pipeline depth {phase.depth:.2f}, "
@@ -275,10 +294,10 @@ def print_phase(phase: Phase) -> None:
         f"publish {phase.publish_ms:.0f} ms/trace, worker {phase.worker_cores:.2f} cores, "
         f"load average {phase.load_average}\n"
         f"    worker      p50/p95/p99 ms {quantiles_ms(h)}   over 100 ms "
-        f"{h.share_above(c.BUDGET_SECONDS):6.1%} ({phase.breaches_counter:.0f}/{h.count:.0f})\n"
+        f"{h.share_above(BUDGET_SECONDS):6.1%} ({phase.breaches_counter:.0f}/{h.count:.0f})\n"
         f"    end to end  p50/p95/p99 ms {quantiles_ms(e2e)}   over 150 ms "
         f"{e2e.share_above(TARGET_E2E_P99):6.1%}   (send->stamp p50/p95/p99 "
-        f"{' '.join(c.fmt_ms(s).strip() for s in stamp)})",
+        f"{' '.join(fmt_ms(s).strip() for s in stamp)})",
         flush=True,
     )
 
@@ -297,10 +316,10 @@ def print_summary(phases: list[Phase], loads: list[float]) -> None:
         h, e = p.worker, p.e2e
         print(
             f"  {p.config:<16} {p.load:5.0%} {p.rate:7.2f} {p.depth:6.2f} {p.reused:6.0f} | "
-            f"{c.fmt_ms(h.quantile(0.5)):>10} {c.fmt_ms(h.quantile(0.95)):>6} "
-            f"{c.fmt_ms(h.quantile(0.99)):>6} {h.share_above(c.BUDGET_SECONDS):7.1%} | "
-            f"{c.fmt_ms(e.quantile(0.5)):>8} {c.fmt_ms(e.quantile(0.95)):>6} "
-            f"{c.fmt_ms(e.quantile(0.99)):>6} {e.share_above(TARGET_E2E_P99):7.1%}"
+            f"{fmt_ms(h.quantile(0.5)):>10} {fmt_ms(h.quantile(0.95)):>6} "
+            f"{fmt_ms(h.quantile(0.99)):>6} {h.share_above(BUDGET_SECONDS):7.1%} | "
+            f"{fmt_ms(e.quantile(0.5)):>8} {fmt_ms(e.quantile(0.95)):>6} "
+            f"{fmt_ms(e.quantile(0.99)):>6} {e.share_above(TARGET_E2E_P99):7.1%}"
         )
     if TARGET_LOAD not in loads:
         print(f"TARGET: no phase at {TARGET_LOAD:.0%} load (see --loads)")
@@ -308,11 +327,11 @@ def print_summary(phases: list[Phase], loads: list[float]) -> None:
         if p.load != TARGET_LOAD:
             continue
         p99, e2e_p99 = p.worker.quantile(0.99), p.e2e.quantile(0.99)
-        breaches = p.worker.share_above(c.BUDGET_SECONDS)
+        breaches = p.worker.share_above(BUDGET_SECONDS)
         met = p99 <= TARGET_P99 and e2e_p99 <= TARGET_E2E_P99 and breaches < TARGET_BREACHES
         print(
-            f"TARGET at 50 % [{p.config}]: worker p99 {c.fmt_ms(p99).strip()} ms (<= 100), "
-            f"e2e p99 {c.fmt_ms(e2e_p99).strip()} ms (<= 150), breaches {breaches:.1%} (< 1 %): "
+            f"TARGET at 50 % [{p.config}]: worker p99 {fmt_ms(p99).strip()} ms (<= 100), "
+            f"e2e p99 {fmt_ms(e2e_p99).strip()} ms (<= 150), breaches {breaches:.1%} (< 1 %): "
             f"{'met' if met else 'NOT met'}"
         )
 
@@ -357,7 +376,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     try:
-        common = c.parse_env(args.env)
+        common = _worker.parse_env(args.env)
     except ValueError as exc:
         parser.error(str(exc))
     args.loads = [float(x) for x in args.loads.split(",")]
@@ -368,17 +387,17 @@ def main() -> None:
         parser.error("configuration names must differ")
     configs = [Config(name, {**common, **env}) for name, env in chosen]
 
-    print(c.machine_line())
+    print(_machine.machine_line())
     print(
         f"latency under load: {args.per_phase} traces per phase, loads {args.loads}, "
         f"{'repeating' if args.repeat_texts else 'unique'} texts, load average "
-        f"{c.load_average()}; configurations:"
+        f"{_machine.load_average()}; configurations:"
     )
     for config in configs:
-        print(f"  {config.name}: {c.env_text(config.env)}")
+        print(f"  {config.name}: {_worker.env_text(config.env)}")
     phases = asyncio.run(run(args, configs))
     print_summary(phases, args.loads)
-    print(f"load average at end {c.load_average()}")
+    print(f"load average at end {_machine.load_average()}")
 
 
 if __name__ == "__main__":

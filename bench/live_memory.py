@@ -18,7 +18,10 @@ import asyncio
 import time
 import uuid
 
-import _common as c
+import _corpus
+import _machine
+import _metrics
+import _worker
 
 from worker.dev.embedded_broker import EmbeddedBroker
 
@@ -35,42 +38,42 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
-    env = c.parse_env(args.env)
-    print(c.machine_line())
+    env = _worker.parse_env(args.env)
+    print(_machine.machine_line())
     broker = EmbeddedBroker()
     broker.start()
-    topics = c.Topics(f"bench-mem-{uuid.uuid4().hex[:8]}")
+    topics = _worker.Topics(f"bench-mem-{uuid.uuid4().hex[:8]}")
     worker_env = {**topics.worker_env(), "KP_INPUT_PARTITIONS": str(PARTITIONS), **env}
-    worker = c.Worker(broker.bootstrap_servers, **worker_env)
+    worker = _worker.Worker(broker.bootstrap_servers, **worker_env)
     try:
-        await c.create_topics(broker.bootstrap_servers, topics, input_partitions=PARTITIONS)
+        await _worker.create_topics(broker.bootstrap_servers, topics, input_partitions=PARTITIONS)
         worker.start()
         await worker.wait_serving()
         await asyncio.to_thread(worker.wait_ready)  # model loaded and partitions assigned
-        ready = c.proc_status_kib(worker.pid or 0, "VmRSS")
+        ready = _machine.proc_status_kib(worker.pid or 0, "VmRSS")
         started = time.monotonic()
-        records = c.corpus(PARTITIONS * PER_PARTITION, "mem", unique_texts=False)
+        records = _corpus.corpus(PARTITIONS * PER_PARTITION, "mem", unique_texts=False)
         sent = len(
-            await c.produce_burst(
+            await _worker.produce_burst(
                 broker.bootstrap_servers, topics.input, records, spread_over=PARTITIONS
             )
         )
-        await c.OutputCount(worker).wait_for(sent, timeout=900)
+        await _worker.OutputCount(worker).wait_for(sent, timeout=900)
         seconds = time.monotonic() - started
         await asyncio.sleep(0.5)
-        samples = c.scrape(await asyncio.to_thread(worker.metrics_text))
-        rss = c.proc_status_kib(worker.pid or 0, "VmRSS")
-        peak = c.proc_status_kib(worker.pid or 0, "VmHWM")
+        samples = _metrics.scrape(await asyncio.to_thread(worker.metrics_text))
+        rss = _machine.proc_status_kib(worker.pid or 0, "VmRSS")
+        peak = _machine.proc_status_kib(worker.pid or 0, "VmHWM")
     finally:
         worker.cleanup()
         broker.stop()
     entries = sorted(
         int(value) for (name, _), value in samples.items() if name == "kp_cache_entries"
     )
-    settings = c.env_text(env)
+    settings = _worker.env_text(env)
     print(
         f"live worker ({settings}): {sent} traces on {PARTITIONS} partitions scored in "
-        f"{seconds:.1f} s; load average {c.load_average()}"
+        f"{seconds:.1f} s; load average {_machine.load_average()}"
     )
     print(
         f"  cache entries per partition: {len(entries)} partitions, "

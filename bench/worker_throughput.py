@@ -60,7 +60,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import _common as c
+import _ceilings
+import _corpus
+import _machine
+import _metrics
+import _worker
 import numpy as np
 
 from worker.dev.embedded_broker import EmbeddedBroker
@@ -89,7 +93,7 @@ class Offline:
         return (self.lines - 1) / extra if extra > 0 else float("nan")
 
 
-def measure_ceilings(ceiling: c.Ceiling, reverse: bool) -> dict[str, tuple[float, float]]:
+def measure_ceilings(ceiling: _ceilings.Ceiling, reverse: bool) -> dict[str, tuple[float, float]]:
     """The ceilings over all texts once (texts per wall s, per CPU s); order alternates."""
     runs = [
         ("single", ceiling.single_rate),
@@ -102,11 +106,11 @@ def measure_ceilings(ceiling: c.Ceiling, reverse: bool) -> dict[str, tuple[float
     return {name: run() for name, run in runs}
 
 
-def run_offline(records: list[c.Record], env: dict[str, str]) -> Offline:
+def run_offline(records: list[_corpus.Record], env: dict[str, str]) -> Offline:
     folder = Path(tempfile.mkdtemp(prefix="kp-bench-offline-"))
     try:
-        full = c.write_jsonl(records, folder / "traces.jsonl")
-        one = c.write_jsonl(records[:1], folder / "one.jsonl")
+        full = _corpus.write_jsonl(records, folder / "traces.jsonl")
+        one = _corpus.write_jsonl(records[:1], folder / "one.jsonl")
         process_env = {**os.environ, "KP_LOG_LEVEL": "WARNING", **env}
 
         def timed(path: Path, lines: int) -> tuple[float, str]:
@@ -119,7 +123,7 @@ def run_offline(records: list[c.Record], env: dict[str, str]) -> Offline:
                     stdout=stdout,
                     stderr=subprocess.PIPE,
                     stdin=subprocess.DEVNULL,
-                    cwd=c.REPO,
+                    cwd=_corpus.REPO,
                     check=False,
                 )
             seconds = time.perf_counter() - started
@@ -142,67 +146,67 @@ def run_offline(records: list[c.Record], env: dict[str, str]) -> Offline:
 
 
 async def run_worker(
-    args: argparse.Namespace, records: list[c.Record], env: dict[str, str]
+    args: argparse.Namespace, records: list[_corpus.Record], env: dict[str, str]
 ) -> tuple[dict[str, float], list[str]]:
     broker = EmbeddedBroker()
     broker.start()
-    topics = c.Topics(f"bench-tp-{uuid.uuid4().hex[:8]}")
-    worker = c.Worker(broker.bootstrap_servers, **topics.worker_env(), **env)
-    collector = c.OutputCollector(broker.bootstrap_servers, topics)
+    topics = _worker.Topics(f"bench-tp-{uuid.uuid4().hex[:8]}")
+    worker = _worker.Worker(broker.bootstrap_servers, **topics.worker_env(), **env)
+    collector = _worker.OutputCollector(broker.bootstrap_servers, topics)
     # While the backlog runs, the outputs are only counted (the worker's /metrics, once a second),
     # and read once all are there: the rate comes from their broker timestamps, and reading
     # them as they came (a consumer polling 12 partitions every 10 ms) took the broker and this
     # process ~0.3 of the 2 cores the worker runs on, which the ceilings never pay.
-    count = c.OutputCount(worker)
+    count = _worker.OutputCount(worker)
     lines: list[str] = []
     try:
-        await c.create_topics(broker.bootstrap_servers, topics)
+        await _worker.create_topics(broker.bootstrap_servers, topics)
         worker.start()
         await worker.wait_serving()
         await asyncio.to_thread(worker.wait_ready)  # model loaded and partitions assigned
-        rss_ready = c.proc_status_kib(worker.pid or 0, "VmRSS") / 1024
+        rss_ready = _machine.proc_status_kib(worker.pid or 0, "VmRSS") / 1024
         await collector.start()
-        warm = await c.produce_burst(
+        warm = await _worker.produce_burst(
             broker.bootstrap_servers,
             topics.input,
-            c.corpus(WARMUP_RECORDS, "warm", not args.repeat_texts),
+            _corpus.corpus(WARMUP_RECORDS, "warm", not args.repeat_texts),
         )
         await collector.wait_for([(s.partition, s.offset) for s in warm], timeout=180)
         await collector.stop()
         outputs_before = await count.total()
-        rss_warm = c.proc_status_kib(worker.pid or 0, "VmRSS") / 1024
+        rss_warm = _machine.proc_status_kib(worker.pid or 0, "VmRSS") / 1024
         await asyncio.sleep(0.5)
-        before = c.scrape(await asyncio.to_thread(worker.metrics_text))
-        threads_before = c.thread_schedstats(worker.pid)
+        before = _metrics.scrape(await asyncio.to_thread(worker.metrics_text))
+        threads_before = _machine.thread_schedstats(worker.pid)
         cpu_before = {
-            "worker": c.cpu_seconds(worker.pid),
-            "broker": c.cpu_seconds(broker.pid),
-            "bench": c.cpu_seconds(os.getpid()),
+            "worker": _machine.cpu_seconds(worker.pid),
+            "broker": _machine.cpu_seconds(broker.pid),
+            "bench": _machine.cpu_seconds(os.getpid()),
         }
-        load_at_start = c.load_average()
+        load_at_start = _machine.load_average()
         profiler = start_profiler(worker.pid, len(records) / 10) if args.profile else None
-        machine_busy = [c.machine_cpu_seconds()]  # at the start, then at polls still short
+        machine_busy = [_machine.machine_cpu_seconds()]  # at the start, then at polls still short
         started = time.time()
-        sent = await c.produce_burst(broker.bootstrap_servers, topics.input, records)
+        sent = await _worker.produce_burst(broker.bootstrap_servers, topics.input, records)
         produced = time.time()
         await count.wait_for(
             outputs_before + len(sent),
             timeout=60 + len(records) / 2,
-            still_short=lambda: machine_busy.append(c.machine_cpu_seconds()),
+            still_short=lambda: machine_busy.append(_machine.machine_cpu_seconds()),
         )
         finished = time.time()
-        threads_after = c.thread_schedstats(worker.pid)
+        threads_after = _machine.thread_schedstats(worker.pid)
         cpu_after = {
-            "worker": c.cpu_seconds(worker.pid),
-            "broker": c.cpu_seconds(broker.pid),
-            "bench": c.cpu_seconds(os.getpid()),
+            "worker": _machine.cpu_seconds(worker.pid),
+            "broker": _machine.cpu_seconds(broker.pid),
+            "bench": _machine.cpu_seconds(os.getpid()),
         }
         await asyncio.sleep(0.5)  # the worker observes its metrics right after the acks
-        after = c.scrape(await asyncio.to_thread(worker.metrics_text))
-        rss = c.proc_status_kib(worker.pid or 0, "VmRSS") / 1024
-        hwm = c.proc_status_kib(worker.pid or 0, "VmHWM") / 1024
+        after = _metrics.scrape(await asyncio.to_thread(worker.metrics_text))
+        rss = _machine.proc_status_kib(worker.pid or 0, "VmRSS") / 1024
+        hwm = _machine.proc_status_kib(worker.pid or 0, "VmHWM") / 1024
         profile = stop_profiler(profiler) if profiler else []
-        collector = c.OutputCollector(broker.bootstrap_servers, topics)
+        collector = _worker.OutputCollector(broker.bootstrap_servers, topics)
         await collector.start()
         outputs = await collector.wait_for([(s.partition, s.offset) for s in sent], timeout=60)
     finally:
@@ -210,9 +214,9 @@ async def run_worker(
         worker.cleanup()
         broker.stop()
 
-    rate, rate_from_burst, span = c.output_rate(outputs, produced)
+    rate, rate_from_burst, span = _worker.output_rate(outputs, produced)
     decisions = Counter(o.decision for o in outputs)
-    diff = c.delta(after, before)
+    diff = _metrics.delta(after, before)
     wall = finished - started
     worker_cpu = cpu_after["worker"] - cpu_before["worker"]
     lines.append(
@@ -229,7 +233,7 @@ async def run_worker(
         + ", ".join(f"{k} {(cpu_after[k] - cpu_before[k]) / wall:.2f}" for k in cpu_after)
         + f"  (wall {wall:.2f} s, {os.cpu_count()} cores)"
     )
-    lines += c.thread_lines(threads_before, threads_after, wall)
+    lines += _machine.thread_lines(threads_before, threads_after, wall)
     lines.append(f"  {idle_line(machine_busy[0], machine_busy[-1])}")
     lines.append(
         f"  worker RSS {rss:.0f} MiB (peak {hwm:.0f} MiB; {rss_ready:.0f} MiB when ready, "
@@ -237,7 +241,7 @@ async def run_worker(
         f"{len(outputs) / worker_cpu:.1f} traces per worker CPU-second"
     )
     lines.append("  pipeline over the backlog (worker /metrics deltas):")
-    lines += ["  " + line for line in c.pipeline_lines(diff, span)]
+    lines += ["  " + line for line in _metrics.pipeline_lines(diff, span)]
     if profile:
         lines.append("py-spy profile of the worker during the backlog (share of samples):")
         lines += profile
@@ -348,21 +352,23 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="py-spy the worker")
     args = parser.parse_args()
     try:
-        env = c.parse_env(args.env)
+        env = _worker.parse_env(args.env)
     except ValueError as exc:
         parser.error(str(exc))
     count = args.records or (QUICK_RECORDS if args.quick else DEFAULT_RECORDS)
     cores = os.cpu_count() or 1
 
-    print(c.machine_line())
+    print(_machine.machine_line())
     print(
         f"worker throughput: {count} traces ({'repeating' if args.repeat_texts else 'unique'} "
-        f"texts), {c.PARTITIONS} partitions, settings: {c.env_text(env)}; "
-        f"load average {c.load_average()}"
+        f"texts), {_worker.PARTITIONS} partitions, settings: {_worker.env_text(env)}; "
+        f"load average {_machine.load_average()}"
     )
-    records = c.corpus(count, uuid.uuid4().hex[:6], not args.repeat_texts)
-    ceiling = c.Ceiling(
-        [r.text for r in records], c.model_path(env), int(env.get("KP_EMBED_MAX_TOKENS", 256))
+    records = _corpus.corpus(count, uuid.uuid4().hex[:6], not args.repeat_texts)
+    ceiling = _ceilings.Ceiling(
+        [r.text for r in records],
+        _ceilings.model_path(env),
+        int(env.get("KP_EMBED_MAX_TOKENS", 256)),
     )
     print(
         f"corpus: mean {ceiling.mean_tokens:.0f} tokens/text; ceilings on {ceiling.model.name} "
@@ -417,7 +423,7 @@ def main() -> None:
         f"/ concurrent {mean('concurrent', 1):.1f} = "
         f"{worker['per_cpu'] / mean('concurrent', 1):.3f}"
     )
-    print(f"load average at end {c.load_average()}")
+    print(f"load average at end {_machine.load_average()}")
 
 
 if __name__ == "__main__":
