@@ -16,13 +16,8 @@ weights. Per-channel re-quantization of those weights gives back exactly the pac
 values and scales, so the only new error is activation rounding; a recipe chooses which
 MatMuls keep fp32 activations to bound it.
 
-Activation rounding is large here because a few hidden channels carry values 10-40x the
-rest (up to ~30 against an RMS of ~0.7), and one uint8 scale per tensor must cover them.
-The ``smooth-*`` recipes divide those channels by a power of two before quantizing and
-multiply the matching weight rows by it (SmoothQuant, exact in fp32), calibrated once at
-derivation on built-in sentences. They use uint8 weights: on CPUs without VNNI the faster
-uint8 x int8 kernel sums pairs of products in saturating int16, and the smoothed
-activations hit that limit often enough to cost most of the fidelity gained.
+The ``smooth-*`` recipes first move the activations' outlier channels into the weights
+(:mod:`worker.embedding.build.smooth`).
 
 The result is cached as ``<cache_dir>/<source sha256[:16]>-<recipe>-v<N>-ort<version>.onnx``
 with a JSON sidecar recording what it was derived from and its own sha256. A cached file
