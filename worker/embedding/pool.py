@@ -57,11 +57,9 @@ class OnnxEmbedder:
         self.batch_size = batch_size
         self.concurrency = concurrency
         self._pool: ThreadPoolExecutor | None = None
-        self._slice_pool: ThreadPoolExecutor | None = None
+        self.slice_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._runs_lock = threading.Lock()
-        self._runs_in_progress = 0  # model runs under way, whoever called them
-        self._tasks_outstanding = 0  # work handed to the pool and not finished
+        self.thread_use = ThreadUse(concurrency)
         self.runs_split = 0  # model runs that ran at least one layer in slices
         self.model = model  # one session, or the same weights as stages
         self.encoder = encoder
@@ -105,15 +103,16 @@ class OnnxEmbedder:
     def _in_pool(self, work: Callable[..., FloatArray], *args: Any) -> Future[FloatArray]:
         """``work(*args)`` on the pool, counted as outstanding until it ends: a thread with
         work waiting for it is not idle, and long runs do not split over it."""
-        with self._runs_lock:
-            self._tasks_outstanding += 1
+        use = self.thread_use
+        with use.lock:
+            use.tasks_outstanding += 1
 
         def counted() -> FloatArray:
             try:
                 return work(*args)
             finally:
-                with self._runs_lock:
-                    self._tasks_outstanding -= 1
+                with use.lock:
+                    use.tasks_outstanding -= 1
 
         return self._executor().submit(counted)
 
@@ -148,17 +147,17 @@ class OnnxEmbedder:
 
     def _slice_executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:
-            if self._slice_pool is None:
-                self._slice_pool = ThreadPoolExecutor(
+            if self.slice_pool is None:
+                self.slice_pool = ThreadPoolExecutor(
                     self.concurrency - 1, thread_name_prefix="kp-embed-slice"
                 )
-            return self._slice_pool
+            return self.slice_pool
 
     def close(self) -> None:
         """Let the embedding threads finish their current run and exit."""
         with self._pool_lock:
-            pools = (self._pool, self._slice_pool)
-            self._pool = self._slice_pool = None
+            pools = (self._pool, self.slice_pool)
+            self._pool = self.slice_pool = None
         for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
@@ -171,13 +170,14 @@ class OnnxEmbedder:
         """The model's hidden states for one padded batch. A long one is split, layer by
         layer, over the threads no other run holds at that moment."""
         width = feeds["input_ids"].shape[1]
-        with self._runs_lock:
-            self._runs_in_progress += 1
+        use = self.thread_use
+        with use.lock:
+            use.runs_in_progress += 1
         split = False
 
         def slices_now() -> int:
             nonlocal split
-            slices = min(self._slices_now(), most_slices(width))
+            slices = min(use.slices_now(), most_slices(width))
             split = split or slices > 1
             return slices
 
@@ -188,17 +188,27 @@ class OnnxEmbedder:
             (hidden,) = self.model.run([self._output_name], feeds)
             return hidden
         finally:
-            with self._runs_lock:
-                self._runs_in_progress -= 1
+            with use.lock:
+                use.runs_in_progress -= 1
                 self.runs_split += split
 
-    def _slices_now(self) -> int:
-        """Slices a long run may cut its next layer into: itself plus its share of the idle
-        threads (the runs under way share them, so no more slices run than threads).
 
-        A thread is busy while it runs the model or while work waits for it: on a backlog
-        every thread has its own text and runs stay whole.
-        """
-        runs = max(self._runs_in_progress, 1)
-        busy = max(runs, min(self._tasks_outstanding, self.concurrency))
-        return 1 + (self.concurrency - busy) // runs
+class ThreadUse:
+    """How busy the pool's threads are: what decides whether a long run splits, and how far.
+
+    A thread is busy while it runs the model or while work waits for it: on a backlog every
+    thread has its own text and runs stay whole.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.lock = threading.Lock()
+        self.runs_in_progress = 0  # model runs under way, whoever called them
+        self.tasks_outstanding = 0  # work handed to the pool and not finished
+
+    def slices_now(self) -> int:
+        """Slices a long run may cut its next layer into: itself plus its share of the idle
+        threads (the runs under way share them, so no more slices run than threads)."""
+        runs = max(self.runs_in_progress, 1)
+        busy = max(runs, min(self.tasks_outstanding, self.threads))
+        return 1 + (self.threads - busy) // runs

@@ -126,6 +126,12 @@ class StagedEncoder:
         self._model_inputs = [Port(name) for name in model_inputs]
         self._output = Port(output)
 
+    @property
+    def branches(self) -> tuple[_Stage, ...]:
+        """The whole model, the embeddings stage, then each layer's: the session's branches
+        in the order of their numbers."""
+        return (self._whole, self._embeddings, *self._layers)
+
     def get_inputs(self) -> list[Port]:
         return list(self._model_inputs)
 
