@@ -1,9 +1,4 @@
-"""The pool of model runs: texts spread over a few threads that share one model.
-
-On CPU, separate single-threaded runs use the cores better than one run split over intra-op
-threads (bench/RESULTS.md), so the embedder keeps a small pool of threads; a long run that
-starts while the others idle splits its layers over them (:mod:`worker.embedding.stages`).
-"""
+"""The pool of model runs: texts spread over a few threads that share one model."""
 
 from __future__ import annotations
 
