@@ -35,13 +35,13 @@ class Ceiling:
 
     - single session: one session with intra-op threads = all cores, texts one after another,
       with onnxruntime's default options: its threads spin between operators, which made it
-      7-15 % faster here than with the worker's options (``worker.embedder.session_options``,
-      threads that sleep between operators so they leave the cores to the consumer);
+      7-15 % faster here than with the worker's options (``worker.embedding.session``: threads
+      that sleep between operators so they leave the cores to the consumer);
     - single session, the worker's options: the same with those options;
     - concurrent: one session with 1 intra-op thread and the worker's options, run from
       ``cores`` threads at once (with one intra-op thread there is no spinning to turn off);
     - concurrent, streamlined: the same on the model as the worker loads it (the exact graph
-      rewrites of ``worker.core.streamline``); the two above run the model file as it is.
+      rewrites of ``worker.embedding.streamline``); the two above run the model file as it is.
 
     Tokenization, pooling and everything else the worker does are outside the timed region.
     """
@@ -49,7 +49,7 @@ class Ceiling:
     def __init__(self, texts: Sequence[str], model: Path, max_tokens: int = 256) -> None:
         import onnxruntime as ort
 
-        from worker.core.embedder import session_options, streamlined_model
+        from worker.embedding.session import SessionFactory, streamlined_model
 
         self.cores = os.cpu_count() or 1
         self.model = model
@@ -65,9 +65,9 @@ class Ceiling:
         defaults.intra_op_num_threads = self.cores
         defaults.log_severity_level = 3
         self.single = session(defaults)
-        self.single_sleeping = session(session_options(self.cores))
-        self.shared = session(session_options(1))
-        self.streamlined = session(session_options(1), streamlined_model(model))
+        self.single_sleeping = SessionFactory(self.cores).open(str(model))
+        self.shared = SessionFactory(1).open(str(model))
+        self.streamlined = SessionFactory(1).open(streamlined_model(model))
         inputs = {i.name for i in self.single.get_inputs()}
         self.feeds = pretokenized(texts, "token_type_ids" in inputs, max_tokens)
         self.mean_tokens = float(np.mean([f["input_ids"].shape[1] for f in self.feeds]))

@@ -176,11 +176,14 @@ class Engine:
 
 
 def measure_engine(name: str, texts: Sequence[str], repeats: int) -> tuple[Engine, Any]:
-    from worker.core.embedder import load_embedder
+    from dataclasses import replace
+
+    from worker.embedding import EmbedderConfig, load_embedder
     from worker.settings import Settings
 
-    shipped, why = load_embedder(Settings(embed_engine=name))
-    one_thread, _ = load_embedder(Settings(embed_engine=name, embed_concurrency=1))
+    config = EmbedderConfig.from_settings(Settings(embed_engine=name))
+    shipped, why = load_embedder(config)
+    one_thread, _ = load_embedder(replace(config, concurrency=1))
     if shipped is None or one_thread is None:
         raise SystemExit(f"engine {name}: {why}")
     shipped.embed(list(texts[:4]))

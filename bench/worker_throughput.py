@@ -10,7 +10,7 @@ measured four ways in one run:
 1. bare single-session ceiling: ONE onnxruntime session with intra-op threads = all cores,
    the texts pre-tokenized and run one after another, one text per run (no padding), measured
    twice: with onnxruntime's default options (its threads spin between operators) and with
-   the worker's session options (worker.embedder.session_options: threads that sleep between
+   the worker's session options (worker.embedding.session.SessionFactory: threads that sleep between
    operators); the ceiling is the faster of the two (the defaults, 7-15 % faster here);
 2. concurrent ceiling: one session with 1 intra-op thread, run from `cores` threads at once
    on the same pre-tokenized texts (how the worker runs its model);

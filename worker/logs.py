@@ -26,6 +26,13 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
 }
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's message as one line: onnxruntime, tokenizers and onnx errors span lines,
+    and a reason should fit one log line."""
+    text = " ".join(str(exc).split())
+    return text[:300] or type(exc).__name__
+
+
 def utc_timestamp(created: float) -> str:
     """ISO 8601 in UTC with milliseconds (``2026-11-27T02:21:56.123Z``): lines from pods in
     different zones sort and compare as they are, and a burst within one second stays in order."""

@@ -137,6 +137,8 @@ class Settings(BaseSettings):
     embed_engine: Literal["model", "int8"] = "model"
     int8_recipe: str = "dynamic-per-channel"
     model_cache_dir: Path | None = None  # None = $XDG_CACHE_HOME/kp-scorer or ~/.cache/kp-scorer
+    # onnxruntime execution providers, comma-separated, in order of preference.
+    embed_providers: str = "CPUExecutionProvider"
 
     # Operations
     # Serves /metrics, /healthz (liveness) and /readyz (readiness); 0 = none of them.
@@ -174,6 +176,22 @@ class Settings(BaseSettings):
             if not 0.0 <= threshold <= 1.0:
                 raise ValueError(f"threshold for {domain!r} must be in [0, 1], got {threshold}")
         return value
+
+    @field_validator("embed_providers")
+    @classmethod
+    def _providers_available(cls, value: str) -> str:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        if not names:
+            raise ValueError("expected one or more onnxruntime provider names")
+        import onnxruntime
+
+        available = onnxruntime.get_available_providers()
+        missing = [name for name in names if name not in available]
+        if missing:
+            raise ValueError(
+                f"onnxruntime here has no {', '.join(missing)}; available: {', '.join(available)}"
+            )
+        return ",".join(names)
 
     @field_validator("model_path", "profiles_file", "ssl_cafile", "ssl_certfile", "ssl_keyfile")
     @classmethod
@@ -239,6 +257,10 @@ class Settings(BaseSettings):
     def output_record_limit(self) -> int:
         """The largest output record with its headers and framing (producer and topic limit)."""
         return self.max_output_bytes + 65_536
+
+    @property
+    def embed_provider_names(self) -> tuple[str, ...]:
+        return tuple(self.embed_providers.split(","))
 
     @cached_property
     def resolved_embed_concurrency(self) -> int:

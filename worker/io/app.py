@@ -15,7 +15,6 @@ import logging
 import socket
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,8 @@ from worker import __version__
 from worker.core.errors import error_line
 from worker.core.output import output_topics
 from worker.core.records import SourceRecord
-from worker.core.scorer import Scorer, build_scorer
+from worker.core.scorer import build_scorer
+from worker.embedding import Embedder
 from worker.io import http, unreadable
 from worker.io.kafka import PartitionLogReader, Publisher, ensure_topics
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline, unconfirmed_commits
@@ -266,8 +266,11 @@ class ScorerApp(faust.App):
             on_failure=self._scoring_failed,
             observer=observer,
         )
+        embedder = scorer.embedder
         observer.embedder_loaded(
-            scorer.model_id, scorer.embedder_reason, _split_runs_counter(scorer)
+            scorer.model_id,
+            scorer.embedder_reason,
+            None if embedder is None else lambda: embedder.runs_split,
         )
         log.info(
             "scorer ready",
@@ -275,7 +278,7 @@ class ScorerApp(faust.App):
                 "input_topic": settings.input_topic,
                 "group_id": settings.group_id,
                 "model": scorer.model_id,
-                "model_runs_split": _model_runs_split(scorer),
+                "model_runs_split": _model_runs_split(embedder),
                 "metrics_port": settings.metrics_port,
                 "idempotent_publishing": self._publisher.idempotent,
             },
@@ -326,18 +329,11 @@ class ScorerApp(faust.App):
             self._http.shutdown()
 
 
-def _model_runs_split(scorer: Scorer) -> str:
+def _model_runs_split(embedder: Embedder | None) -> str:
     """Whether a lone text's run is split over idle model threads, or why not."""
-    note = getattr(scorer.embedder, "split_note", "no embedder")
-    return "when the other model threads are idle" if note is None else str(note)
-
-
-def _split_runs_counter(scorer: Scorer) -> Callable[[], int] | None:
-    """What reads the embedder's count of split model runs, if it keeps one."""
-    embedder = scorer.embedder
-    if not hasattr(embedder, "runs_split"):
-        return None
-    return lambda: int(embedder.runs_split)
+    if embedder is None:
+        return "no embedder"
+    return embedder.split_note or "when the other model threads are idle"
 
 
 async def _tick(observer: MetricsObserver) -> None:

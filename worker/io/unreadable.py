@@ -32,8 +32,8 @@ from aiokafka.consumer import fetcher
 from aiokafka.record import default_records
 from aiokafka.record._crecords import default_records as compiled_default_records
 
-from worker.core.errors import one_line
 from worker.core.records import UnreadableValue
+from worker.logs import one_line
 
 log = logging.getLogger(__name__)
 

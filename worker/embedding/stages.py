@@ -31,22 +31,27 @@ from __future__ import annotations
 import functools
 import itertools
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
-from worker.core.errors import one_line
-from worker.core.streamline import GraphIndex
+from worker.embedding.session import SessionFactory
+from worker.embedding.stage_graph import (
+    BRANCH_INPUT,
+    LayerCut,
+    StagingUnavailable,
+    branched,
+    find_cuts,
+    plan_stages,
+)
+from worker.embedding.streamline import GraphIndex
+from worker.logs import one_line
 from worker.memory import release_freed_memory
-
-if TYPE_CHECKING:
-    import onnx
 
 FloatArray = npt.NDArray[np.float32]
 Feeds = dict[str, np.ndarray]
@@ -57,20 +62,6 @@ MIN_TOKENS_PER_SLICE = 32
 # Long enough for the 3 slices the check runs; odd, and no other dimension of the model.
 _PROBE_TOKENS = 3 * MIN_TOKENS_PER_SLICE + 7
 _TOKEN_AXIS = 1  # of the inputs [batch, tokens] and the hidden states [batch, tokens, width]
-
-
-class StagingUnavailable(Exception):
-    """The model cannot be cut into exact stages; str() says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class _LayerCut:
-    """The tensors one encoder layer's attention reads, by name in the optimised graph."""
-
-    hidden: str  # the layer's input hidden states
-    keys: str  # every token's keys, as the attention scores read them
-    values: str  # every token's values, as the attention output reads them
-    mask: str  # what is added to the attention scores
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +77,7 @@ class _Stage:
 
     def run(self, feeds: Feeds) -> list[FloatArray]:
         """This stage's outputs for `feeds` (by the names in `inputs`)."""
-        session_feeds: Feeds = {_PATH: self.path}
+        session_feeds: Feeds = {BRANCH_INPUT: self.path}
         for name, feed_name in zip(self.inputs, self.feed_names, strict=True):
             session_feeds[feed_name] = feeds[name]
         return self.session.run(list(self.fetch_names), session_feeds)
@@ -122,7 +113,7 @@ class StagedEncoder:
         whole: _Stage,
         embeddings: _Stage,
         layers: Sequence[_Stage],
-        cuts: Sequence[_LayerCut],
+        cuts: Sequence[LayerCut],
         axes: _Axes,
         model_inputs: Sequence[str],
         output: str,
@@ -134,6 +125,12 @@ class StagedEncoder:
         self._axes = axes
         self._model_inputs = [Port(name) for name in model_inputs]
         self._output = Port(output)
+
+    @property
+    def branches(self) -> tuple[_Stage, ...]:
+        """The whole model, the embeddings stage, then each layer's: the session's branches
+        in the order of their numbers."""
+        return (self._whole, self._embeddings, *self._layers)
 
     def get_inputs(self) -> list[Port]:
         return list(self._model_inputs)
@@ -236,14 +233,14 @@ def _take(array: np.ndarray, axis: int, span: tuple[int, int]) -> np.ndarray:
 
 def staged_encoder(
     model: str | bytes,
-    options: Callable[[], ort.SessionOptions],
+    sessions: SessionFactory,
     output_name: str,
     probe_token_ids: Sequence[int],
 ) -> tuple[ort.InferenceSession | StagedEncoder, str | None]:
     """(the staged encoder, None), or (the whole model's session, why it is not staged).
 
     The stages produce `output_name` (the model's first output when it has none of that
-    name). `options` makes the session options every session here uses. The whole model is
+    name). `sessions` opens every session here. The whole model is
     loaded first to let onnxruntime optimise it; its output on a probe (`probe_token_ids`,
     cycled to length) is the reference that the stages must match bit for bit, run whole
     and split. It is let go before the stages are built, so the weights are held once
@@ -251,9 +248,7 @@ def staged_encoder(
     """
     with tempfile.TemporaryDirectory(prefix="kp-stages-") as folder:
         optimised_path = Path(folder) / "optimised.onnx"
-        whole_options = options()
-        whole_options.optimized_model_filepath = str(optimised_path)
-        whole = ort.InferenceSession(model, sess_options=whole_options, providers=_PROVIDERS)
+        whole = sessions.open(model, optimised_to=optimised_path)
         outputs = [o.name for o in whole.get_outputs()]
         output_name = output_name if output_name in outputs else outputs[0]
         input_names = [i.name for i in whole.get_inputs()]
@@ -265,7 +260,7 @@ def staged_encoder(
         del whole
         release_freed_memory()  # lowers the peak: the stages' model is as large again
         try:
-            staged = _build(optimised_path, options, output_name, input_names, probes[0])
+            staged = _build(optimised_path, sessions, output_name, input_names, probes[0])
             reason = _difference(staged, probes, expected)
         except StagingUnavailable as exc:
             reason = str(exc)
@@ -273,10 +268,7 @@ def staged_encoder(
             reason = f"cutting the model failed: {one_line(exc)}"
     if reason is None:
         return staged, None
-    return ort.InferenceSession(model, sess_options=options(), providers=_PROVIDERS), reason
-
-
-_PROVIDERS = ["CPUExecutionProvider"]
+    return sessions.open(model), reason
 
 
 def _difference(
@@ -323,7 +315,7 @@ def _probe_feeds(input_names: Sequence[str], token_ids: Sequence[int]) -> list[F
 
 def _build(
     optimised_path: Path,
-    options: Callable[[], ort.SessionOptions],
+    sessions: SessionFactory,
     output_name: str,
     input_names: Sequence[str],
     probe: Feeds,
@@ -332,13 +324,14 @@ def _build(
 
     graph_model = onnx.load(str(optimised_path))
     index = GraphIndex(graph_model.graph)
-    cuts = _find_cuts(graph_model.graph, index)
-    parts = list(_plan_stages(graph_model, index, cuts, output_name))
+    cuts = find_cuts(graph_model.graph, index)
+    parts = list(plan_stages(graph_model, index, cuts, output_name))
     release_freed_memory()  # what loading the graph freed, before its bytes are written
-    model_bytes, names = _branched(graph_model, parts)
+    model_bytes, names = branched(graph_model, parts)
     ports = [(part.inputs, part.outputs) for part in parts]
     del graph_model, index, parts  # the weights live on in model_bytes alone
-    session = _session(model_bytes, options)
+    # The graph is already optimised: optimising it again could fuse differently.
+    session = sessions.open(model_bytes, optimise=False)
     del model_bytes
     whole, embeddings, *layers = (
         _Stage(session, np.array(number, dtype=np.int64), *ports[number], *names[number])
@@ -348,14 +341,7 @@ def _build(
     return StagedEncoder(whole, embeddings, layers, cuts, axes, input_names, output_name)
 
 
-def _session(model_bytes: bytes, options: Callable[[], ort.SessionOptions]) -> ort.InferenceSession:
-    stage_options = options()
-    # The graph is already optimised: optimising it again could fuse differently.
-    stage_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model_bytes, sess_options=stage_options, providers=_PROVIDERS)
-
-
-def _token_axes(embeddings: _Stage, cuts: Sequence[_LayerCut], probe: Feeds) -> _Axes:
+def _token_axes(embeddings: _Stage, cuts: Sequence[LayerCut], probe: Feeds) -> _Axes:
     """The token axis of the keys, values and mask, read from their shapes on the probe."""
     tokens = probe["input_ids"].shape[_TOKEN_AXIS]
     produced = embeddings.run(probe)
@@ -384,257 +370,3 @@ def _token_axes(embeddings: _Stage, cuts: Sequence[_LayerCut], probe: Feeds) -> 
         values=only_token_axis(cuts[0].values),
         mask=-2 if mask_shape[-2] == tokens else None,
     )
-
-
-def _find_cuts(graph: onnx.GraphProto, index: GraphIndex) -> list[_LayerCut]:
-    """Each attention's inputs, in layer order: Softmax(scores + mask) @ values, where the
-    scores multiply queries made from the layer's hidden states by every token's keys."""
-    producer, consumers = index.producer, index.consumers
-    cuts = []
-    for softmax in (n for n in graph.node if n.op_type == "Softmax"):
-        if _attribute(softmax, "axis", -1) != -1:
-            raise StagingUnavailable("an attention softmax is not over its last axis")
-        scores_plus_mask = producer.get(softmax.input[0])
-        if scores_plus_mask is None or scores_plus_mask.op_type != "Add":
-            raise StagingUnavailable("an attention softmax does not follow scores + mask")
-        scores = [
-            producer[name]
-            for name in scores_plus_mask.input
-            if name in producer and producer[name].op_type in ("MatMul", "FusedMatMul")
-        ]
-        if len(scores) != 1:
-            raise StagingUnavailable("attention scores are not one product of queries and keys")
-        (score_product,) = scores
-        mask = next(name for name in scores_plus_mask.input if name != score_product.output[0])
-        if score_product.op_type == "FusedMatMul" and (
-            _attribute(score_product, "transA", 0) or _attribute(score_product, "transBatchA", 0)
-        ):
-            raise StagingUnavailable("attention scores transpose their queries")
-        readers = consumers.get(softmax.output[0], [])
-        if (
-            len(readers) != 1
-            or readers[0].op_type != "MatMul"
-            or readers[0].input[0] != softmax.output[0]
-        ):
-            raise StagingUnavailable("attention weights are not multiplied by values")
-        hidden = _projected_from(producer, score_product.input[0])
-        cuts.append(_LayerCut(hidden, score_product.input[1], readers[0].input[1], mask))
-    if not cuts:
-        raise StagingUnavailable("the model has no attention softmax")
-    return cuts
-
-
-_TOKENWISE_RESHAPING = frozenset({"Reshape", "Transpose", "Add", "Mul", "Div"})
-
-
-def _projected_from(producer: dict[str, onnx.NodeProto], queries: str) -> str:
-    """The hidden states the queries are projected from (MatMul, bias, reshaping)."""
-    name = queries
-    for _ in range(16):
-        node = producer.get(name)
-        if node is None:
-            break
-        if node.op_type == "MatMul":
-            return node.input[0]
-        if node.op_type not in _TOKENWISE_RESHAPING:
-            break
-        name = node.input[0]
-    raise StagingUnavailable("the attention queries are not a projection of hidden states")
-
-
-@dataclass(frozen=True, slots=True)
-class _Part:
-    """The nodes that compute `outputs` from `inputs`, in graph order."""
-
-    nodes: tuple[onnx.NodeProto, ...]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-
-
-def _plan_stages(
-    model: onnx.ModelProto, index: GraphIndex, cuts: Sequence[_LayerCut], output_name: str
-) -> Iterator[_Part]:
-    """The whole model, the embeddings stage, then one stage per layer."""
-    model_inputs = [i.name for i in model.graph.input]
-    extract = functools.partial(_extract, model, index)
-    yield extract(model_inputs, (output_name,), shapes_only=())
-    masks = tuple(dict.fromkeys(cut.mask for cut in cuts))
-    first_outputs = (cuts[0].hidden, *masks, cuts[0].keys, cuts[0].values)
-    yield extract(model_inputs, first_outputs, shapes_only=())
-    for layer, cut in enumerate(cuts):
-        if layer + 1 < len(cuts):
-            after = cuts[layer + 1]
-            outputs: tuple[str, ...] = (after.hidden, after.keys, after.values)
-        else:
-            outputs = (output_name,)
-        cut_inputs = (cut.hidden, cut.keys, cut.values, cut.mask)
-        yield extract(cut_inputs, outputs, shapes_only=model_inputs)
-
-
-def _extract(
-    model: onnx.ModelProto,
-    index: GraphIndex,
-    inputs: Sequence[str],
-    outputs: Sequence[str],
-    *,
-    shapes_only: Sequence[str],
-) -> _Part:
-    """The nodes computing `outputs` from `inputs`.
-
-    Model inputs in `shapes_only` may be read, but only by Shape nodes: a layer stage gets
-    them sliced like its tokens, which is only right for their shape.
-    """
-    graph = model.graph
-    producer, initializers = index.producer, index.initializers
-    order = {id(node): position for position, node in enumerate(graph.node)}
-    declared = {i.name for i in graph.input}
-    wanted, seen = list(outputs), set(inputs)
-    nodes: dict[int, onnx.NodeProto] = {}
-    read_for_shape: list[str] = []
-    while wanted:
-        name = wanted.pop()
-        if name in seen or not name:
-            continue
-        seen.add(name)
-        if name in initializers:
-            continue
-        if name in declared:
-            if name not in shapes_only:
-                raise StagingUnavailable(f"a layer reads the model input {name}")
-            read_for_shape.append(name)
-        elif name in producer:
-            node = producer[name]
-            nodes[id(node)] = node
-            wanted.extend(node.input)
-        else:
-            raise StagingUnavailable(f"nothing in the model produces {name}")
-    for node in nodes.values():
-        if node.op_type != "Shape" and any(name in read_for_shape for name in node.input):
-            raise StagingUnavailable(f"a layer reads {node.input[0]} beyond its shape")
-    sorted_nodes = sorted(nodes.values(), key=lambda node: order[id(node)])
-    return _Part(tuple(sorted_nodes), (*inputs, *sorted(read_for_shape)), tuple(outputs))
-
-
-_PATH = "kp_stage"  # which branch a run takes
-_EMPTY = np.zeros(0, np.float32)  # what a branch not taken returns
-
-
-def _branched(
-    model: onnx.ModelProto, parts: Sequence[_Part]
-) -> tuple[bytes, list[tuple[tuple[str, ...], tuple[str, ...]]]]:
-    """One model holding every part as a branch taken when its number is fed as `_PATH`;
-    and, for each part, the model's names for its inputs and outputs.
-
-    The branches read the weights from the one graph around them, so one session holds
-    them once, packed once, whichever branch runs. A branch not taken returns empty
-    tensors without reading its inputs; every input but `_PATH` has an empty default, so a
-    run feeds only its own branch's. `model` itself is rewritten into that model.
-    """
-    from onnx import TensorProto, helper, numpy_helper
-
-    graph = model.graph
-    declared = {i.name: i for i in graph.input}
-    model_inputs = tuple(declared)
-    graph_inputs = [helper.make_tensor_value_info(_PATH, TensorProto.INT64, [])]
-    defaults: list[onnx.TensorProto] = []
-    nodes: list[onnx.NodeProto] = []
-    graph_outputs: list[onnx.ValueInfoProto] = []
-    names: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
-
-    def add_input(name: str, like: str | None) -> None:
-        """`name` as an input with an empty default, typed like the model input `like`
-        (a float tensor when None)."""
-        if like is None:
-            elem_type, rank = TensorProto.FLOAT, 1
-        else:
-            spec = declared[like].type.tensor_type
-            elem_type, rank = spec.elem_type, len(spec.shape.dim)
-        graph_inputs.append(helper.make_tensor_value_info(name, elem_type, None))
-        empty = np.zeros((0,) * rank, helper.tensor_dtype_to_np_dtype(elem_type))
-        defaults.append(numpy_helper.from_array(empty, name))
-
-    for name in model_inputs:
-        add_input(name, like=name)
-    for number, part in enumerate(parts):
-        prefix = f"{number}:"
-        own_inputs = part.inputs != model_inputs  # a layer's: cut tensors, sliced inputs
-        renamed = {name: prefix + name for name in part.inputs} if own_inputs else {}
-        for name in renamed:
-            add_input(renamed[name], like=name if name in declared else None)
-        taken = helper.make_graph(
-            _prefixed(part.nodes, prefix, renamed),
-            f"stage{number}",
-            [],
-            [
-                helper.make_tensor_value_info(prefix + n, TensorProto.FLOAT, None)
-                for n in part.outputs
-            ],
-        )
-        empties = [f"{prefix}empty{j}" for j in range(len(part.outputs))]
-        not_taken = helper.make_graph(
-            [
-                helper.make_node("Constant", [], [name], value=numpy_helper.from_array(_EMPTY))
-                for name in empties
-            ],
-            f"skip{number}",
-            [],
-            [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in empties],
-        )
-        number_name, chosen = f"{prefix}number", f"{prefix}chosen"
-        fetched = tuple(f"stage{number}/{name}" for name in part.outputs)
-        nodes += [
-            helper.make_node(
-                "Constant",
-                [],
-                [number_name],
-                value=numpy_helper.from_array(np.array(number, np.int64)),
-            ),
-            helper.make_node("Equal", [_PATH, number_name], [chosen]),
-            helper.make_node(
-                "If", [chosen], list(fetched), then_branch=taken, else_branch=not_taken
-            ),
-        ]
-        graph_outputs += [
-            helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in fetched
-        ]
-        names.append((tuple(renamed.get(name, name) for name in part.inputs), fetched))
-    # The graph becomes the branched one in place: a copy would hold the weights twice.
-    for field, items in (
-        (graph.node, nodes),
-        (graph.input, graph_inputs),
-        (graph.output, graph_outputs),
-        (graph.value_info, []),  # the names it typed now live inside the branches
-    ):
-        del field[:]
-        field.extend(items)
-    graph.initializer.extend(defaults)
-    graph.name = "stages"
-    return model.SerializeToString(), names
-
-
-def _prefixed(
-    nodes: Sequence[onnx.NodeProto], prefix: str, renamed: dict[str, str]
-) -> list[onnx.NodeProto]:
-    """Copies of `nodes` whose own tensors and names carry `prefix`, their inputs renamed
-    by `renamed`: a branch of its own beside the others, reading the same weights."""
-    produced = {out for node in nodes for out in node.output if out}
-    copies = []
-    for node in nodes:
-        copy = type(node)()
-        copy.CopyFrom(node)
-        if copy.name:
-            copy.name = prefix + copy.name
-        for position, name in enumerate(copy.input):
-            if name in produced:
-                copy.input[position] = prefix + name
-            elif name in renamed:
-                copy.input[position] = renamed[name]
-        for position, name in enumerate(copy.output):
-            if name:
-                copy.output[position] = prefix + name
-        copies.append(copy)
-    return copies
-
-
-def _attribute(node: onnx.NodeProto, name: str, default: int) -> int:
-    return next((int(a.i) for a in node.attribute if a.name == name), default)

@@ -1,0 +1,27 @@
+"""Sentence embeddings: texts to 384-d unit vectors with `tokenizers` and onnxruntime.
+
+- ``protocol``: the :class:`Embedder` the scorer sees, and :class:`EmbedderUnavailable`.
+- ``config``: :class:`EmbedderConfig`, the few settings the embedder reads.
+- ``files``: which model file to load and the sha256 it must have.
+- ``session``: the one factory of onnxruntime sessions (providers, options).
+- ``encoder``: one batch through the model: tokenize, run, pool.
+- ``pool``: :class:`OnnxEmbedder`, runs spread over a few threads sharing one model.
+- ``load``: verify, open and smoke-test; :func:`load_embedder` falls back to no model.
+- ``streamline``, ``stages``, ``stage_graph``: exact speed-ups of the model's runs.
+- ``build``: model files derived offline (the int8 engine).
+"""
+
+from worker.embedding.config import EmbedderConfig
+from worker.embedding.load import load_embedder, open_embedder
+from worker.embedding.pool import OnnxEmbedder
+from worker.embedding.protocol import DIMENSIONS, Embedder, EmbedderUnavailable
+
+__all__ = [
+    "DIMENSIONS",
+    "Embedder",
+    "EmbedderConfig",
+    "EmbedderUnavailable",
+    "OnnxEmbedder",
+    "load_embedder",
+    "open_embedder",
+]

@@ -1,0 +1,58 @@
+"""The few settings the embedder reads, taken from the worker's settings in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from worker.settings import DEFAULT_TOKENIZER_PATH
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+CPU_PROVIDERS = ("CPUExecutionProvider",)
+# Runs of at least this many tokens split over idle threads (0: never; worker default).
+SPLIT_MIN_TOKENS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedderConfig:
+    """Which model to load, how to check it and how to run it.
+
+    ``model_path`` None is the packaged model, checked against its published sha256; an
+    operator's model is checked only when ``model_sha256`` is given.
+    """
+
+    model_path: Path | None = None
+    model_sha256: str | None = None
+    tokenizer_path: Path = DEFAULT_TOKENIZER_PATH
+    max_tokens: int = 256
+    threads: int = 1  # intra-op threads of each run
+    concurrency: int = 1  # runs side by side, each on its own thread
+    batch_size: int = 1
+    split_min_tokens: int = SPLIT_MIN_TOKENS
+    engine: Literal["model", "int8"] = "model"
+    int8_recipe: str = "dynamic-per-channel"
+    cache_dir: Path | None = None  # of derived int8 engines; None: the settings' default
+    providers: tuple[str, ...] = CPU_PROVIDERS
+    required: bool = False  # raise instead of falling back to novelty 0.5
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EmbedderConfig:
+        """The embedder's part of the worker's settings."""
+        return cls(
+            model_path=settings.model_path,
+            model_sha256=settings.model_sha256,
+            tokenizer_path=settings.tokenizer_path,
+            max_tokens=settings.embed_max_tokens,
+            threads=settings.embed_threads,
+            concurrency=settings.resolved_embed_concurrency,
+            batch_size=settings.embed_batch_size,
+            split_min_tokens=settings.embed_split_min_tokens,
+            engine=settings.embed_engine,
+            int8_recipe=settings.int8_recipe,
+            cache_dir=settings.model_cache_dir,
+            providers=settings.embed_provider_names,
+            required=settings.embedder_required,
+        )

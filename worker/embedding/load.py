@@ -1,0 +1,134 @@
+"""Loading the embedder: verify the model file, open it, smoke-test it.
+
+When the model cannot be loaded, :func:`load_embedder` says why instead of failing, so the
+worker can keep scoring with novelty 0.5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from worker.embedding.config import EmbedderConfig
+from worker.embedding.encoder import Encoder, load_tokenizer
+from worker.embedding.files import model_file, model_id, verified_sha256
+from worker.embedding.pool import OnnxEmbedder
+from worker.embedding.protocol import DIMENSIONS, EmbedderUnavailable
+from worker.embedding.session import OUTPUT_NAME, SessionFactory, streamlined_model
+from worker.embedding.stages import StagedEncoder, staged_encoder
+from worker.logs import one_line
+from worker.memory import release_freed_memory
+
+_REQUIRED_INPUTS = ("input_ids", "attention_mask")
+# The stages are checked against the whole model on this text's tokens at load.
+_STAGE_PROBE_TEXT = (
+    "An agent read the failing test, traced the error to a stale cache entry, cleared it, "
+    "reran the suite and recorded why the fix holds. "
+) * 2
+
+
+def load_embedder(config: EmbedderConfig) -> tuple[OnnxEmbedder | None, str | None]:
+    """(embedder, None) or (None, reason). Raises EmbedderUnavailable instead when
+    ``config.required``.
+
+    Without a model path the packaged model is used and checked against its published hash;
+    an operator-supplied model is checked only when its sha256 is given, so pointing at an
+    fp32 export does not also demand its hash.
+    """
+    try:
+        return open_embedder(config), None
+    except EmbedderUnavailable as exc:
+        if config.required:
+            raise
+        return None, str(exc)
+
+
+def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
+    """Verify, load and smoke-test the model ``config`` describes (the int8 engine derived
+    from it first when asked); raise EmbedderUnavailable saying why not.
+
+    The smoke test runs one `max_tokens`-long input, so a model that cannot take that
+    length, or that does not produce 384-d hidden states, fails here rather than on the
+    first long trace.
+    """
+    if (
+        config.batch_size < 1
+        or config.max_tokens < 2
+        or config.threads < 1
+        or config.concurrency < 1
+        or config.split_min_tokens < 0
+    ):
+        raise EmbedderUnavailable(
+            f"invalid embedder options: batch_size={config.batch_size}, "
+            f"max_tokens={config.max_tokens}, intra_op_threads={config.threads}, "
+            f"concurrency={config.concurrency}, split_min_tokens={config.split_min_tokens}"
+        )
+    model_path, expected_sha256, derived_id = model_file(config)
+    actual_sha256 = verified_sha256(model_path, expected_sha256)
+    tokenizer, pad_id = load_tokenizer(Path(config.tokenizer_path), config.max_tokens)
+    splits = config.split_min_tokens > 0 and config.concurrency > 1
+    probe = tokenizer.encode(_STAGE_PROBE_TEXT).ids if splits else None
+    sessions = SessionFactory(config.threads, config.providers)
+    model, split_note = _open_model(model_path, sessions, probe)
+    input_names = [i.name for i in model.get_inputs()]
+    embedder = OnnxEmbedder(
+        model=model,
+        encoder=Encoder(tokenizer, pad_id, config.max_tokens, input_names),
+        model_id=derived_id or model_id(model_path, actual_sha256),
+        batch_size=config.batch_size,
+        concurrency=config.concurrency,
+        split_min_tokens=config.split_min_tokens,
+        split_note=split_note,
+    )
+    _smoke_test(embedder, model_path, config.max_tokens)
+    # Loading turns the packaged int8 weights into float32 constants; trimming the freed
+    # temporaries took 35 MiB off a loaded embedder's resident size (bench/RESULTS.md).
+    release_freed_memory()
+    return embedder
+
+
+def _smoke_test(embedder: OnnxEmbedder, model_path: Path, max_tokens: int) -> None:
+    """Fail at load, not mid-stream, when the model cannot embed a full-length text."""
+    encoding = embedder.encoder.tokenizer.encode("x " * max_tokens)
+    try:
+        vectors = embedder.encoder.embed_batch(
+            [encoding], np.array([len(encoding)], dtype=np.int64), embedder.run_model
+        )
+    except Exception as exc:
+        raise EmbedderUnavailable(
+            f"model {model_path} failed on a {max_tokens}-token input: {one_line(exc)}"
+        ) from exc
+    if vectors.shape != (1, DIMENSIONS) or not np.isfinite(vectors).all():
+        raise EmbedderUnavailable(
+            f"model {model_path} does not produce finite {DIMENSIONS}-d vectors "
+            f"(got shape {vectors.shape})"
+        )
+
+
+def _open_model(
+    model_path: Path, sessions: SessionFactory, stage_probe: Sequence[int] | None
+) -> tuple[ort.InferenceSession | StagedEncoder, str | None]:
+    """The model as one session, or as stages when `stage_probe` (token ids to check the
+    stages on) is given and the model can be cut exactly; and why it is not staged."""
+    model = streamlined_model(model_path)
+    try:
+        if stage_probe is None:
+            session: ort.InferenceSession | StagedEncoder = sessions.open(model)
+            note = None
+        else:
+            session, note = staged_encoder(model, sessions, OUTPUT_NAME, stage_probe)
+    except Exception as exc:
+        raise EmbedderUnavailable(
+            f"model {model_path} cannot be loaded by onnxruntime: {one_line(exc)}"
+        ) from None
+    inputs = {i.name for i in session.get_inputs()}
+    missing = [name for name in _REQUIRED_INPUTS if name not in inputs]
+    if missing:
+        raise EmbedderUnavailable(
+            f"model {model_path} lacks inputs {missing} (has {sorted(inputs)}); "
+            "expected a BERT-style sentence encoder"
+        )
+    return session, note

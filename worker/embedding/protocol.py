@@ -1,0 +1,50 @@
+"""What the scorer needs from an embedder, and the one error loading one can raise.
+
+The scorer, the stream worker and the CLI see an embedder only through :class:`Embedder`:
+its vectors, its background runs, the statistics it reports and how to stop it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+DIMENSIONS = 384
+FloatArray = npt.NDArray[np.float32]
+
+
+class Embedder(Protocol):
+    """Texts to unit vectors; a text's vector never depends on the texts run beside it."""
+
+    model_id: str
+    dimensions: int
+
+    def embed(self, texts: Sequence[str]) -> FloatArray:
+        """Unit vectors [len(texts), dimensions], in the order given."""
+        ...
+
+    def submit(self, texts: Sequence[str]) -> Future[FloatArray]:
+        """``embed`` started in the background (on the embedder's own threads)."""
+        ...
+
+    @property
+    def runs_split(self) -> int:
+        """Model runs that ran at least one layer split over idle threads (a counter)."""
+        ...
+
+    @property
+    def split_note(self) -> str | None:
+        """Why runs are never split; None when they are, while the other threads idle."""
+        ...
+
+    def close(self) -> None:
+        """Let the embedding threads finish their current run and exit."""
+        ...
+
+
+class EmbedderUnavailable(Exception):
+    """Model could not be loaded; str() is the human reason."""
