@@ -233,14 +233,13 @@ class StreamScorer:
             if not job.published.done():
                 job.published.set_exception(exc)
                 job.published.exception()  # retrieved here; process() re-raises it
+            # Abandoned at a stop (cancelled): no failure to decide, and never acknowledged.
             if isinstance(exc, asyncio.CancelledError):
-                pass  # abandoned at a stop: no failure, and never acknowledged
-            elif stage == "publish":
+                raise
+            if stage == "publish":
                 self.failures.publish_failed(job.record, exc)
             else:
                 self.failures.processing_failed(job.record, exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
         finally:
             self._settle(job)
 
