@@ -36,7 +36,7 @@ from worker.logs import logging_config
 from worker.memory import release_freed_memory
 from worker.retry import backoff
 from worker.settings import Settings, load_settings
-from worker.stream.checkpoint import unconfirmed_commits
+from worker.stream.checkpoint import CONFIRM_SECONDS, drain_seconds, unconfirmed_commits
 from worker.stream.health import LOOP_TICK_SECONDS
 from worker.stream.observer import MetricsObserver
 from worker.stream.processor import StreamScorer
@@ -48,12 +48,6 @@ STARTUP_BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
 # patiently.
 PROBE_INTERVAL_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 3.0
-# At a stop: how long to ask the broker whether every published record's offset is committed.
-COMMIT_CHECK_SECONDS = 3.0
-# At a stop: how long records already in the pipeline may take to be published (at most this
-# share of the shutdown deadline) before they are abandoned to the next worker.
-DRAIN_SECONDS = 5.0
-DRAIN_SHARE_OF_DEADLINE = 0.25
 # How often freed heap memory goes back to the system: a worker with 16 full caches after a
 # 20,000-trace backlog held 338-367 MB this way (median 353, 9 runs) against 363-397 MB
 # (median 378, 12 runs) without, at the same speed (bench/live_memory.py).
@@ -219,10 +213,7 @@ class ScorerApp(faust.App):
         self.observer.health.stopping()
         if self.stream_scorer is not None:
             await self.stream_scorer.close(
-                min(
-                    DRAIN_SECONDS,
-                    self.scorer_settings.shutdown_timeout_seconds * DRAIN_SHARE_OF_DEADLINE,
-                )
+                drain_seconds(self.scorer_settings.shutdown_timeout_seconds)
             )
         await super().on_stop()
 
@@ -230,11 +221,10 @@ class ScorerApp(faust.App):
         await super().on_shutdown()
         if self.stream_scorer is not None:  # closed by on_stop unless it was built after that
             await self.stream_scorer.stop()
-        if self.stream_scorer is not None:
             self.stream_scorer.scorer.close()
         if self._reader is not None:
             self.left_uncommitted = await unconfirmed_commits(
-                self.observer.lag.finished_positions(), self._reader.committed, COMMIT_CHECK_SECONDS
+                self.observer.lag.finished_positions(), self._reader.committed, CONFIRM_SECONDS
             )
             if self.left_uncommitted:
                 log.warning(

@@ -12,9 +12,9 @@ record's output. The whole protocol is here, in numbered steps.
    each commit passes :meth:`Checkpoint.committing` first, which refuses one that would take
    a partition's committed offset backwards (:class:`CommitWentBackwards`).
 4. **Drain on stop.** :meth:`Checkpoint.close` takes no more records and gives those in flight
-   a bounded time to be published and acknowledged, so that the consumer's last commit covers
-   them; whatever is still in flight then is abandoned unacknowledged and delivered again to
-   the partition's next owner.
+   a bounded time (:func:`drain_seconds`) to be published and acknowledged, so that the
+   consumer's last commit covers them; whatever is still in flight then is abandoned
+   unacknowledged and delivered again to the partition's next owner.
 5. **Confirm.** After the consumer's last commit, :func:`unconfirmed_commits` asks the broker
    whether the group's committed offsets cover every published record; where they do not (or
    it cannot tell), the worker exits 75 (``EXIT_DEADLINE``): the redelivery is expected.
@@ -34,6 +34,12 @@ from worker.core.records import RoutedRecord
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+# Step 4: how long records already in flight at a stop may take to be published (at most this
+# share of the shutdown deadline) before they are abandoned to the next worker.
+DRAIN_SECONDS = 5.0
+DRAIN_SHARE_OF_DEADLINE = 0.25
+# Step 5: how long to ask the broker whether every published record's offset is committed.
+CONFIRM_SECONDS = 3.0
 Acknowledge = Callable[[], Awaitable[object]]
 
 
@@ -147,6 +153,11 @@ class Checkpoint:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def drain_seconds(shutdown_timeout_seconds: float) -> float:
+    """Step 4's bound for a worker with this shutdown deadline (KP_SHUTDOWN_TIMEOUT_SECONDS)."""
+    return min(DRAIN_SECONDS, shutdown_timeout_seconds * DRAIN_SHARE_OF_DEADLINE)
 
 
 # -- step 5 ----------------------------------------------------------------------------------
