@@ -41,18 +41,18 @@ MUTANTS: tuple[Mutant, ...] = (
         name="acknowledge-before-publish",
         promise="An input offset is acknowledged (and committed) only after the broker "
         "acknowledged its output",
-        path="worker/stream/processor.py",
+        path="worker/stream/checkpoint.py",
         old="""\
-            await self.publisher.publish(routed)
-            acked = time.monotonic()
-            if job.acknowledge is not None:
-                await job.acknowledge()
+        await self.publisher.publish(routed)
+        acked = time.monotonic()
+        if acknowledge is not None:
+            await acknowledge()
 """,
         new="""\
-            if job.acknowledge is not None:
-                await job.acknowledge()
-            await self.publisher.publish(routed)
-            acked = time.monotonic()
+        if acknowledge is not None:
+            await acknowledge()
+        await self.publisher.publish(routed)
+        acked = time.monotonic()
 """,
         tests=(AT_LEAST_ONCE_UNIT, BROKER_KILL),
         why="acknowledges the input offset before publishing its output",
@@ -61,17 +61,17 @@ MUTANTS: tuple[Mutant, ...] = (
         name="acknowledge-a-failed-publish",
         promise="An input offset is acknowledged (and committed) only after the broker "
         "acknowledged its output",
-        path="worker/stream/processor.py",
+        path="worker/stream/checkpoint.py",
         old="""\
-            await self.publisher.publish(routed)
-            acked = time.monotonic()
+        await self.publisher.publish(routed)
+        acked = time.monotonic()
 """,
         new="""\
-            try:
-                await self.publisher.publish(routed)
-            except ConnectionError:
-                log.warning("publish failed; going on")
-            acked = time.monotonic()
+        try:
+            await self.publisher.publish(routed)
+        except ConnectionError:
+            log.warning("publish failed; going on")
+        acked = time.monotonic()
 """,
         tests=(AT_LEAST_ONCE_UNIT,),
         why="swallows a publish error and acknowledges the offset anyway",
@@ -80,7 +80,7 @@ MUTANTS: tuple[Mutant, ...] = (
         name="redelivered-acknowledged-at-once",
         promise="An input offset is acknowledged (and committed) only after the broker "
         "acknowledged its output",
-        path="worker/stream/processor.py",
+        path="worker/stream/checkpoint.py",
         old="""\
         await asyncio.gather(*waiting, return_exceptions=True)
         await acknowledge()
@@ -140,9 +140,22 @@ MUTANTS: tuple[Mutant, ...] = (
         why="acknowledges records handed over after the stop began, unscored",
     ),
     Mutant(
+        name="commit-goes-backwards",
+        promise="A committed offset never goes backwards",
+        path="worker/stream/checkpoint.py",
+        old="if last is not None and offset < last:",
+        new="if last is not None and offset < 0:",
+        tests=(
+            "tests/unit/test_library_overrides.py::"
+            "test_a_commit_that_would_go_backwards_never_reaches_the_broker",
+        ),
+        why="lets the consumer commit an offset below its last commit, so records already "
+        "committed are delivered again",
+    ),
+    Mutant(
         name="unconfirmed-commit-taken-as-confirmed",
         promise="A stop exits 75 when the commits of published records are unconfirmed",
-        path="worker/io/shutdown.py",
+        path="worker/stream/checkpoint.py",
         old="return offset is not None and offset >= position",
         new="return offset is None or offset >= position",
         tests=(
@@ -192,7 +205,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="scoring-bug-drops-the-record",
         promise="Every input record ends in exactly one output (a scoring bug dead-letters)",
-        path="worker/core/scorer.py",
+        path="worker/core/failures.py",
         old='return dead_letter(record, InternalScoringError(f"scoring failed: {exc!r}"[:300]))',
         new="raise",
         tests=("tests/unit/test_pipeline.py::test_internal_error_is_dead_lettered_not_lost",),
@@ -229,7 +242,7 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/stream/partitions.py",
         old="""\
             self._last_scored.pop(tp, None)
-            self.scorer.caches.drop(tp)
+            self.scorer.drop_partition(tp)
             self.observer.partition_forgotten(tp)
 """,
         new="""\

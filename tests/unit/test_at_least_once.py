@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from worker.core.cache import PartitionCaches
+from worker.core.failures import FailurePolicy
 from worker.core.records import RoutedRecord, SourceRecord
 from worker.core.scorer import Scorer, Thresholds
 from worker.core.scoring import load_profiles
@@ -156,7 +157,7 @@ def test_an_output_the_broker_refuses_is_never_acknowledged() -> None:
     failures: list[BaseException] = []
 
     async def scenario() -> None:
-        pipeline = stream(inputs, publisher, on_failure=failures.append)
+        pipeline = stream(inputs, publisher, failures=FailurePolicy(stop=failures.append))
         pending = await pipeline.submit(
             inputs, acknowledgements=[ledger.acknowledgement(r) for r in inputs]
         )
@@ -236,3 +237,55 @@ def test_a_stop_that_cannot_confirm_its_commits_exits_75(monkeypatch: pytest.Mon
     assert stopped.value.code == EXIT_DEADLINE == 75
     worker.app = SimpleNamespace(left_uncommitted=[])
     worker.stop_and_shutdown()  # everything confirmed: a clean stop
+
+
+class Decisions(FailurePolicy):
+    """The failure policy, recording which kind of failure it was asked to decide."""
+
+    def __init__(self) -> None:
+        super().__init__(stop=lambda exc: None)
+        self.asked: list[tuple[str, int, str]] = []
+
+    def publish_failed(self, record: SourceRecord, exc: BaseException) -> None:
+        self.asked.append(("publish", record.offset, type(exc).__name__))
+
+    def processing_failed(self, record: SourceRecord, exc: BaseException) -> None:
+        self.asked.append(("processing", record.offset, type(exc).__name__))
+
+
+def test_each_kind_of_failure_goes_to_its_own_decision() -> None:
+    """A refused output is a publish failure; a record whose vector cannot be computed is a
+    processing failure; neither is acknowledged."""
+    inputs = records(4, partitions=1)
+    ledger = Ledger()
+
+    class BrokenEmbedder:
+        model_id = "broken"
+        dimensions = 4
+
+        def submit(self, texts: Sequence[str]) -> object:
+            raise MemoryError("the model ran out of memory")
+
+    async def scenario(scorer: Scorer, failing: list[Offset]) -> list[tuple[str, int, str]]:
+        decisions = Decisions()
+        pipeline = StreamScorer(
+            scorer,
+            FakeLog(inputs),  # type: ignore[arg-type]
+            Publisher(ledger, failing=failing),  # type: ignore[arg-type]
+            failures=decisions,
+        )
+        pending = await pipeline.submit(
+            inputs[:2], acknowledgements=[ledger.acknowledgement(r) for r in inputs[:2]]
+        )
+        await asyncio.gather(*pending, return_exceptions=True)
+        await pipeline.drain()
+        return decisions.asked
+
+    plain = Scorer(load_profiles(None), Thresholds(), PartitionCaches(), None)
+    assert run(scenario(plain, [(0, 1)])) == [("publish", 1, "ConnectionError")]
+    broken = Scorer(load_profiles(None), Thresholds(), PartitionCaches(), BrokenEmbedder())  # type: ignore[arg-type]
+    assert run(scenario(broken, [])) == [
+        ("processing", 0, "MemoryError"),
+        ("processing", 1, "MemoryError"),
+    ]
+    assert (0, 1) not in ledger.of("acknowledged")

@@ -15,8 +15,9 @@ import time
 import pytest
 
 from worker.dev.process import free_loopback_port
-from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline, unconfirmed_commits
+from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
 from worker.logs import RepeatCollapser
+from worker.stream.checkpoint import unconfirmed_commits
 from worker.stream.connectivity import BrokerHealth
 from worker.stream.observer import MetricsObserver
 

@@ -155,7 +155,9 @@ def test_rebuild_reads_further_back_past_dead_lettered_records() -> None:
     log = FakeLog(records, committed=10)
     stream = StreamScorer(scorer(capacity=8), log, FakePublisher())
     run(stream.process(records[10:12]))
-    assert stream.publisher.published and scores(stream.publisher.published) == {
+    assert stream.checkpoint.publisher.published and scores(
+        stream.checkpoint.publisher.published
+    ) == {
         10: expected[10],
         11: expected[11],
     }
@@ -171,7 +173,7 @@ def test_partition_revoked_while_scoring_leaves_no_state() -> None:
         stream.forget([(TOPIC, 0)])
         publisher.published.extend(routed)
 
-    stream.publisher = type("P", (), {"publish": staticmethod(revoke_during_publish)})()
+    stream.checkpoint.publisher = type("P", (), {"publish": staticmethod(revoke_during_publish)})()
     run(stream.process(log.records[0:3]))
     assert stream.owned() == []
     assert (TOPIC, 0) not in stream.scorer.caches
@@ -218,7 +220,7 @@ def test_a_record_that_fails_to_publish_fails_its_partition() -> None:
         if calls == 2:
             raise ConnectionError("broker gone")
 
-    stream.publisher = type("P", (), {"publish": staticmethod(fail_second_chunk)})()
+    stream.checkpoint.publisher = type("P", (), {"publish": staticmethod(fail_second_chunk)})()
     with pytest.raises(ConnectionError):
         run(stream.process(log.records))
     assert stream.owned() == [] and (TOPIC, 0) not in stream.scorer.caches
@@ -303,7 +305,7 @@ def test_close_abandons_what_cannot_be_published_in_time() -> None:
         await stream.submit(records)
         started = time.monotonic()
         await stream.close(timeout=0.2)
-        assert stream._tasks == set()
+        assert stream.checkpoint.idle
         return time.monotonic() - started
 
     assert run(scenario()) < 2
@@ -323,7 +325,7 @@ def test_stop_before_jobs_start_settles_them_and_frees_their_slots() -> None:
     results, stream = run(scenario())
     assert results == [None, None, None]
     assert stream._depth == 0
-    assert not any(stream._in_flight.values())
+    assert stream.checkpoint.in_flight() == 0
     assert stream._slots._value == 16
 
 

@@ -8,21 +8,21 @@ from and write to differs.
 from __future__ import annotations
 
 import hashlib
-import logging
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from worker.core.cache import NEVER_LIVE_MS, PartitionCaches
 from worker.core.errors import (
-    InternalScoringError,
     OutputTooLargeError,
     TraceError,
     UnreadableRecordError,
 )
+from worker.core.failures import FailurePolicy
 from worker.core.output import DEFAULT_MAX_OUTPUT_BYTES, dead_letter, scored
 from worker.core.records import (
     OTHER_DOMAIN,
@@ -35,8 +35,6 @@ from worker.core.scoring import Novelty, ProfileSet, load_profiles, score_trace
 from worker.core.trace import DEFAULT_MAX_BYTES, DEFAULT_MAX_CONTAINERS, Trace, parse_trace
 from worker.embedding import Embedder
 from worker.settings import Settings
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +105,10 @@ class Scorer:
         embedder_reason: str | None = None,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         max_json_containers: int = DEFAULT_MAX_CONTAINERS,
+        failures: FailurePolicy | None = None,
     ) -> None:
         self.profiles = profiles
+        self.failures = failures or FailurePolicy()
         self.thresholds = thresholds
         self.caches = caches
         self.embedder = embedder
@@ -120,6 +120,39 @@ class Scorer:
     @property
     def model_id(self) -> str | None:
         return self.embedder.model_id if self.embedder else None
+
+    # -- the stream's door to the embedder and the caches ------------------------------------
+    @property
+    def has_embedder(self) -> bool:
+        """Whether novelty comes from a model (without one it is 0.5 and no cache is kept)."""
+        return self.embedder is not None
+
+    def submit_embedding(self, text: str) -> Future[np.ndarray]:
+        """One text's vector, computed on one of the model's threads (a 1-row matrix)."""
+        if self.embedder is None:
+            raise RuntimeError("no embedder: nothing needs a vector")
+        return self.embedder.submit([text])
+
+    def close(self) -> None:
+        """Stop the model's threads (the worker is stopping)."""
+        if self.embedder is not None:
+            self.embedder.close()
+
+    @property
+    def cache_capacity(self) -> int:
+        return self.caches.capacity
+
+    @property
+    def cache_ttl_ms(self) -> int | None:
+        return self.caches.ttl_ms
+
+    def cache_size(self, partition: tuple[str, int]) -> int | None:
+        """Entries in the partition's cache; None while it has none (revoked, not started)."""
+        return self.caches.sizes().get(partition)
+
+    def drop_partition(self, partition: tuple[str, int]) -> None:
+        """Forget the partition's cache: it is rebuilt before its next record is scored."""
+        self.caches.drop(partition)
 
     def domain_label(self, domain: str | None) -> str:
         """Bounded metric label: a configured profile name, or ``other``."""
@@ -245,9 +278,8 @@ class Scorer:
                 self.domain_label(item.domain),
                 self.model_id,
             )
-        except Exception as exc:  # a bug must not lose the record: it goes to dead-letter
-            log.exception("scoring failed", extra={"source_offset": record.offset})
-            return dead_letter(record, InternalScoringError(f"scoring failed: {exc!r}"[:300]))
+        except Exception as exc:  # a bug must not lose the record: the policy decides
+            return self.failures.scoring_failed(record, exc)
         size = len(routed.value or b"")
         if size > self.max_output_bytes:
             return dead_letter(

@@ -9,7 +9,6 @@ output, so a crash or SIGTERM commits nothing that was not published.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import socket
@@ -18,25 +17,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiokafka
 import faust
 from aiokafka.errors import KafkaError
-from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, TransportT
 
 from worker import __version__
 from worker.core.errors import error_line
+from worker.core.failures import FailurePolicy
 from worker.core.output import output_topics
 from worker.core.records import SourceRecord
 from worker.core.scorer import build_scorer
 from worker.embedding import Embedder
-from worker.io import http, unreadable
+from worker.io import http
 from worker.io.kafka import PartitionLogReader, Publisher, ensure_topics
-from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline, unconfirmed_commits
+from worker.io.library_overrides import ScorerTransport
+from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
 from worker.logs import logging_config
 from worker.memory import release_freed_memory
 from worker.retry import backoff
 from worker.settings import Settings, load_settings
+from worker.stream.checkpoint import CONFIRM_SECONDS, drain_seconds, unconfirmed_commits
 from worker.stream.health import LOOP_TICK_SECONDS
 from worker.stream.observer import MetricsObserver
 from worker.stream.processor import StreamScorer
@@ -48,12 +48,6 @@ STARTUP_BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
 # patiently.
 PROBE_INTERVAL_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 3.0
-# At a stop: how long to ask the broker whether every published record's offset is committed.
-COMMIT_CHECK_SECONDS = 3.0
-# At a stop: how long records already in the pipeline may take to be published (at most this
-# share of the shutdown deadline) before they are abandoned to the next worker.
-DRAIN_SECONDS = 5.0
-DRAIN_SHARE_OF_DEADLINE = 0.25
 # How often freed heap memory goes back to the system: a worker with 16 full caches after a
 # 20,000-trace backlog held 338-367 MB this way (median 353, 9 runs) against 363-397 MB
 # (median 378, 12 runs) without, at the same speed (bench/live_memory.py).
@@ -74,82 +68,6 @@ def _credentials(settings: Settings) -> Any:
             mechanism=config["sasl_mechanism"],
         )
     return faust.SSLCredentials(config["ssl_context"])
-
-
-class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread with the fetch wait and the fetch size taken from the settings.
-
-    faust creates its group consumer with a fixed 1.5 s fetch wait. A broker that answers a
-    fetch only when that wait runs out would hold each new record up to 1.5 s before the
-    worker sees it, which alone breaks the 100 ms budget. It bounds each partition's share of
-    a fetch (``consumer_max_fetch_size``) but leaves the whole fetch at aiokafka's 50 MiB:
-    here the whole fetch gets the same bound as one partition (``Settings.fetch_max_bytes``).
-    """
-
-    def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
-        consumer = super()._create_worker_consumer(transport)
-        settings: Settings = self.app.scorer_settings  # type: ignore[attr-defined]
-        if not hasattr(consumer, "_fetch_max_wait_ms") or not hasattr(consumer, "_fetch_max_bytes"):
-            raise RuntimeError(
-                f"aiokafka {aiokafka.__version__} does not take the fetch options this way; "
-                "KP_FETCH_MAX_WAIT_MS and the fetch size bound cannot be applied"
-            )
-        # Both are read when the consumer starts its fetcher.
-        consumer._fetch_max_wait_ms = settings.fetch_max_wait_ms
-        consumer._fetch_max_bytes = settings.fetch_max_bytes
-        # A batch it cannot read, or that decompresses past KP_MAX_BATCH_BYTES, is dead letters.
-        unreadable.install(settings.max_batch_bytes)
-        return consumer
-
-    def set_fetching(self, tp: TP, fetching: bool) -> None:
-        """Pause or resume fetching ``tp``; safe to call from the app's event loop."""
-        with contextlib.suppress(RuntimeError):  # the consumer thread has stopped: nothing to do
-            self.thread_loop.call_soon_threadsafe(self._set_fetching, tp, fetching)
-
-    def _set_fetching(self, tp: TP, fetching: bool) -> None:
-        consumer = self._consumer
-        partition = aiokafka.TopicPartition(tp.topic, tp.partition)
-        if consumer is None or partition not in consumer.assignment():
-            return  # revoked meanwhile: a new assignment starts every partition fetching
-        if fetching:
-            consumer.resume(partition)
-        else:
-            consumer.pause(partition)
-
-
-class ScorerConsumer(faust_aiokafka.Consumer):
-    """Faust's consumer that stops fetching a partition while the worker has a backlog of it.
-
-    faust stops handing over a partition's records once the agent's buffer is under
-    pressure (``stream_buffer_maxsize``, KP_FETCH_BUFFER_RECORDS), and takes them again
-    when it has drained, but its consumer thread keeps asking the broker for more: an empty
-    fetch every KP_FETCH_MAX_WAIT_MS, for nothing. On a backlog on 2 cores those fetches
-    took ~0.03 of a core in the worker and ~0.035 in the broker (bench/RESULTS.md). Here the
-    partition is paused in the Kafka client as well, so no fetch is sent for it until the
-    buffer has drained.
-    """
-
-    _thread: ScorerConsumerThread
-
-    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
-        return ScorerConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-    def on_buffer_full(self, tp: TP) -> None:
-        super().on_buffer_full(tp)
-        if tp in self._buffered_partitions:
-            self._thread.set_fetching(tp, False)
-            self.app.observer.fetching_paused(tp, True)  # type: ignore[attr-defined]
-
-    def on_buffer_drop(self, tp: TP) -> None:
-        paused = tp in self._buffered_partitions
-        super().on_buffer_drop(tp)
-        if paused:
-            self._thread.set_fetching(tp, True)
-            self.app.observer.fetching_paused(tp, False)  # type: ignore[attr-defined]
-
-
-class ScorerTransport(faust_aiokafka.Transport):
-    Consumer = ScorerConsumer
 
 
 class ScorerWorker(faust.Worker):
@@ -220,6 +138,8 @@ class ScorerApp(faust.App):
         self.observer = MetricsObserver(
             settings.latency_budget_seconds, stall_seconds=settings.health_stall_seconds
         )
+        # A publish failure stops the worker; a broker that does not answer is counted.
+        self.failures = FailurePolicy(self._scoring_failed, self.observer.broker_unreachable)
         self.stream_scorer: StreamScorer | None = None
         self.left_uncommitted: list[tuple[str, int]] = []
         self._publisher: Publisher | None = None
@@ -244,12 +164,12 @@ class ScorerApp(faust.App):
             self._http = http.OpsServer(listener, observer.health).start()
         self._ticker = asyncio.ensure_future(_tick(observer))
         self._trimmer = asyncio.ensure_future(_trim_memory())
-        await _wait_for_kafka(settings, observer)
+        await _wait_for_kafka(settings, observer, self.failures)
         scorer = await asyncio.to_thread(build_scorer, settings)
         observer.configured(
             __version__, scorer.model_id, settings.accept_threshold, settings.domain_thresholds
         )
-        if scorer.embedder is None:
+        if not scorer.has_embedder:
             log.warning(
                 "embedder unavailable; novelty is 0.5", extra={"reason": scorer.embedder_reason}
             )
@@ -263,7 +183,7 @@ class ScorerApp(faust.App):
             self._publisher,
             settings.latency_budget_seconds,
             settings.max_in_flight_records,
-            on_failure=self._scoring_failed,
+            failures=self.failures,
             observer=observer,
         )
         embedder = scorer.embedder
@@ -296,10 +216,7 @@ class ScorerApp(faust.App):
         self.observer.health.stopping()
         if self.stream_scorer is not None:
             await self.stream_scorer.close(
-                min(
-                    DRAIN_SECONDS,
-                    self.scorer_settings.shutdown_timeout_seconds * DRAIN_SHARE_OF_DEADLINE,
-                )
+                drain_seconds(self.scorer_settings.shutdown_timeout_seconds)
             )
         await super().on_stop()
 
@@ -307,11 +224,10 @@ class ScorerApp(faust.App):
         await super().on_shutdown()
         if self.stream_scorer is not None:  # closed by on_stop unless it was built after that
             await self.stream_scorer.stop()
-        if self.stream_scorer is not None and self.stream_scorer.scorer.embedder is not None:
-            self.stream_scorer.scorer.embedder.close()
+            self.stream_scorer.scorer.close()
         if self._reader is not None:
             self.left_uncommitted = await unconfirmed_commits(
-                self.observer.lag.finished_positions(), self._reader.committed, COMMIT_CHECK_SECONDS
+                self.observer.lag.finished_positions(), self._reader.committed, CONFIRM_SECONDS
             )
             if self.left_uncommitted:
                 log.warning(
@@ -350,7 +266,9 @@ async def _trim_memory() -> None:
         await asyncio.to_thread(release_freed_memory)
 
 
-async def _wait_for_kafka(settings: Settings, observer: MetricsObserver) -> None:
+async def _wait_for_kafka(
+    settings: Settings, observer: MetricsObserver, failures: FailurePolicy
+) -> None:
     """Create topics, retrying with backoff (and one clear log line per try) until reachable;
     the broker counts as reached (``kp_broker_reachable``) once they are there."""
     outputs = list(output_topics(settings).values())
@@ -362,7 +280,7 @@ async def _wait_for_kafka(settings: Settings, observer: MetricsObserver) -> None
             observer.broker_reached()
             return
         except (KafkaError, OSError) as exc:
-            observer.broker_unreachable(exc)
+            failures.consumer_failed(exc)
             delay = next(delays)
             log.error(
                 "Kafka unreachable; retrying",
@@ -435,7 +353,7 @@ def create_app(
             owned = app.stream_scorer.owned()
             ends = await app._reader.probe(owned, PROBE_TIMEOUT_SECONDS)
         except (TimeoutError, KafkaError, OSError) as exc:
-            observer.broker_unreachable(exc)
+            app.failures.consumer_failed(exc)
         else:
             observer.broker_fetched()
             observer.log_ends(ends)

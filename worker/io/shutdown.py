@@ -6,19 +6,19 @@ still alive when ``KP_SHUTDOWN_TIMEOUT_SECONDS`` have passed (a commit or a publ
 an unreachable broker), it logs one line and ends the process with :data:`EXIT_DEADLINE`.
 Nothing is lost: records whose offsets were not committed are redelivered to the next worker.
 A second signal ends the process at once, with the same code. A stop that finished in time
-but could not confirm that every published record's offset was committed exits with the same
-code too: the redelivery is expected, not a clean stop.
+but could not confirm that every published record's offset was committed (step 5 of
+:mod:`worker.stream.checkpoint`) exits with the same code too: the redelivery is expected, not
+a clean stop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -80,26 +80,3 @@ class ShutdownDeadline:
         for handler in logging.getLogger().handlers:
             with contextlib.suppress(Exception):  # exiting anyway
                 handler.flush()
-
-
-async def unconfirmed_commits(
-    finished: Mapping[tuple[str, int], int],
-    committed: Callable[[str, int], Awaitable[int | None]],
-    timeout: float,
-) -> list[tuple[str, int]]:
-    """Partitions whose published records the group's committed offset does not cover yet,
-    or could not be confirmed to cover within ``timeout`` seconds (broker unreachable).
-
-    ``finished`` maps each partition to the offset after its last published record.
-    """
-
-    async def check(tp: tuple[str, int], position: int) -> bool:
-        offset = await committed(*tp)
-        return offset is not None and offset >= position
-
-    try:
-        async with asyncio.timeout(timeout):
-            covered = await asyncio.gather(*(check(tp, pos) for tp, pos in finished.items()))
-    except Exception:  # unreachable, timed out, not coordinator: unconfirmed is uncommitted
-        return sorted(finished)
-    return sorted(tp for tp, ok in zip(finished, covered, strict=True) if not ok)

@@ -87,7 +87,7 @@ class Partitions:
             self._epochs[tp] += 1
             self._next_offset.pop(tp, None)
             self._last_scored.pop(tp, None)
-            self.scorer.caches.drop(tp)
+            self.scorer.drop_partition(tp)
             self.observer.partition_forgotten(tp)
 
     def after(
@@ -162,7 +162,7 @@ class Partitions:
         # Records of an earlier ownership still in the pipeline must not touch the new cache.
         self._epochs[tp] += 1
         self._last_scored.pop(tp, None)
-        self.scorer.caches.drop(tp)
+        self.scorer.drop_partition(tp)
         self.observer.rebuild_started()
         try:
             await self.rebuild_cache(tp, start)
@@ -177,12 +177,12 @@ class Partitions:
         The cache held the last ``capacity`` valid traces before ``before``; dead-lettered
         records never entered it, so the read goes back until it has that many valid ones.
         """
-        if self.scorer.embedder is None:
+        if not self.scorer.has_embedder:
             return 0
         topic, partition = tp
         began = time.monotonic()
         low = await self.reader.first_offset(topic, partition)
-        capacity = self.scorer.caches.capacity
+        capacity = self.scorer.cache_capacity
         end, start = before, max(low, before - capacity)
         traces: list[tuple[SourceRecord, Trace]] = []
         while end > start:
@@ -195,10 +195,11 @@ class Partitions:
         if not traces:
             return 0
         expire_before_ms = None
-        if self.scorer.caches.ttl_ms is not None:
+        ttl_ms = self.scorer.cache_ttl_ms
+        if ttl_ms is not None:
             following = await self.reader.read(topic, partition, before, before + 1)
             if following:
-                expire_before_ms = following[0].timestamp_ms - self.scorer.caches.ttl_ms
+                expire_before_ms = following[0].timestamp_ms - ttl_ms
         embedded = await asyncio.to_thread(self.scorer.warm_partition, tp, traces, expire_before_ms)
         seconds = time.monotonic() - began
         self.observer.cache_rebuilt(seconds, embedded)

@@ -4,8 +4,10 @@ Each record is a small pipeline of its own, started as soon as it arrives: decod
 embedding on one of the embedder's threads (so the records of a burst embed side by side),
 then novelty and scoring strictly in offset order within its partition, then publishing. A
 record is acknowledged (its offset may be committed) only after the broker acknowledged its
-output. Which records to score, and each partition's state, belong to
-:mod:`worker.stream.partitions`; every metric update goes to the observer.
+output. The at-least-once steps (publish, acknowledge, commit, drain on stop, confirm)
+belong to :mod:`worker.stream.checkpoint`; which records to score, and each partition's
+state, to :mod:`worker.stream.partitions`; what a failure means, to
+:class:`~worker.core.failures.FailurePolicy`; every metric update goes to the observer.
 """
 
 from __future__ import annotations
@@ -14,30 +16,26 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
+from worker.core.failures import FailurePolicy
 from worker.core.records import RoutedRecord, SourceRecord
 from worker.core.scorer import Prepared, Scorer
+from worker.stream.checkpoint import Acknowledge, Checkpoint, RoutedPublisher
 from worker.stream.observer import MetricsObserver
 from worker.stream.partitions import LogReader, Partitions, TopicPartition
 
 log = logging.getLogger(__name__)
 
-Acknowledge = Callable[[], Awaitable[object]]
 # Records up to this size are decoded on the event loop: a typical trace decodes and
 # validates in ~0.06 ms, and the costliest 16 KiB inputs in under 1 ms (`python
 # bench/hostile_inputs.py --max-bytes 16384`), where handing a record to the decoding thread
 # and back costs ~1 ms while the model threads run. Larger ones go to the thread.
 INLINE_DECODE_BYTES = 16_384
-
-
-class RoutedPublisher(Protocol):
-    async def publish(self, routed: Sequence[RoutedRecord]) -> None: ...
 
 
 @dataclass(eq=False)  # identity: jobs are kept in sets
@@ -67,22 +65,19 @@ class StreamScorer:
         publisher: RoutedPublisher,
         latency_budget_seconds: float = 0.1,
         max_in_flight_records: int = 16,
-        on_failure: Callable[[BaseException], None] | None = None,
+        failures: FailurePolicy | None = None,
         observer: MetricsObserver | None = None,
     ) -> None:
         if max_in_flight_records < 1:
             raise ValueError("max_in_flight_records must be positive")
         self.scorer = scorer
-        self.publisher = publisher
-        self.on_failure = on_failure
+        self.checkpoint = Checkpoint(publisher)
+        self.failures = failures or FailurePolicy()
         self.observer = observer or MetricsObserver(latency_budget_seconds)
         self.partitions = Partitions(scorer, reader, self.observer)
-        self._in_flight: dict[TopicPartition, set[_Job]] = defaultdict(set)
         self._embedding: dict[bytes, asyncio.Future[np.ndarray]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(max_in_flight_records)
         self._depth = 0
-        self._closed = False
         # One thread decodes records over INLINE_DECODE_BYTES (bounded time per record, and
         # off the event loop so the consumer keeps heartbeating); each extra thread would
         # also grow its own malloc arena.
@@ -103,7 +98,8 @@ class StreamScorer:
     def assigned(self, partitions: Sequence[TopicPartition]) -> None:
         """The consumer holds ``partitions`` now. Lost ones are forgotten; new ones are rebuilt
         at once, so the first record of each does not wait for its partition's rebuild."""
-        self._spawn(self.partitions.prepare(self.partitions.assigned(partitions)))
+        self.checkpoint.assigned(partitions)
+        self.checkpoint.spawn(self.partitions.prepare(self.partitions.assigned(partitions)))
 
     # -- processing -------------------------------------------------------------------------
     async def submit(
@@ -134,21 +130,21 @@ class StreamScorer:
             for record in admitted.redelivered:
                 acknowledge = extra[record.offset][1]
                 if acknowledge is not None:
-                    self._spawn(self._acknowledge_after_in_flight(tp, acknowledge))
+                    self.checkpoint.acknowledge_redelivered(tp, acknowledge)
             for record, was_delivered in admitted.to_score:
                 at, acknowledge = extra[record.offset] if was_delivered else (now, None)
                 jobs.append(self._job(record, at, acknowledge))
         for job in jobs:
             await self._slots.acquire()
-            if self._closed:  # stopping: left unacknowledged, so it is delivered again
+            if self.checkpoint.closed:  # stopping: left unacknowledged, delivered again
                 self._slots.release()
                 job.scored.set_result(None)
                 job.published.set_result(None)
                 continue
             self._depth += 1
             self.observer.record_entered(self._depth)
-            self._in_flight[job.record.topic_partition].add(job)
-            task = self._spawn(self._run(job))
+            self.checkpoint.entered(job.record.topic_partition, job.published)
+            task = self.checkpoint.spawn(self._run(job))
             # A job cancelled before its first step never runs its own cleanup.
             task.add_done_callback(lambda _, job=job: self._settle(job))
         return [job.published for job in jobs]
@@ -163,38 +159,18 @@ class StreamScorer:
 
     async def drain(self) -> None:
         """Wait for every record in the pipeline to be published (or dropped)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.checkpoint.drain()
 
     async def close(self, timeout: float) -> None:
-        """Take no more records and let those in the pipeline finish within ``timeout``
-        seconds, so that the consumer's last commit covers every published record; what is
-        still unfinished then is abandoned (see :meth:`stop`)."""
-        self._closed = True
-        try:
-            async with asyncio.timeout(timeout):
-                await self.drain()
-        except TimeoutError:
-            log.warning(
-                "records still in the pipeline at the stop; they will be redelivered",
-                extra={"records": self._depth, "waited_s": timeout},
-            )
+        """Drain on stop (step 4 of :mod:`worker.stream.checkpoint`), then :meth:`stop`."""
+        await self.checkpoint.close(timeout)
         await self.stop()
 
     async def stop(self) -> None:
         """Abandon what is in the pipeline: none of it was acknowledged, so it is redelivered."""
-        self._closed = True
-        self.on_failure = None
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self.failures.stopping()
+        await self.checkpoint.stop()
         self._decoder.shutdown(wait=False, cancel_futures=True)
-
-    def _spawn(self, work: Awaitable[None]) -> asyncio.Future[None]:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     def _job(self, record: SourceRecord, received: float, acknowledge: Acknowledge | None) -> _Job:
         tp = record.topic_partition
@@ -204,6 +180,7 @@ class StreamScorer:
 
     async def _run(self, job: _Job) -> None:
         tp = job.record.topic_partition
+        stage = "process"
         try:
             started = time.monotonic()
             if len(job.record.value or b"") <= INLINE_DECODE_BYTES:
@@ -223,10 +200,9 @@ class StreamScorer:
             routed, novelty_seconds, score_seconds = self.scorer.finish([prepared])
             job.scored.set_result(None)
             publishing = time.monotonic()
-            await self.publisher.publish(routed)
-            acked = time.monotonic()
-            if job.acknowledge is not None:
-                await job.acknowledge()
+            stage = "publish"
+            acked = await self.checkpoint.publish(routed, job.acknowledge)
+            stage = "done"
             record = routed[0].source
             self.observer.record_published(
                 routed[0],
@@ -244,7 +220,7 @@ class StreamScorer:
                     else None
                 ),
                 reused_vector=reused,
-                cache_size=self.scorer.caches.sizes().get(tp),  # None: revoked meanwhile
+                cache_size=self.scorer.cache_size(tp),  # None: revoked meanwhile
             )
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
@@ -257,15 +233,13 @@ class StreamScorer:
             if not job.published.done():
                 job.published.set_exception(exc)
                 job.published.exception()  # retrieved here; process() re-raises it
-            if self.on_failure is not None and not isinstance(exc, asyncio.CancelledError):
-                log.error(
-                    "scoring or publishing failed; stopping",
-                    extra={"topic": tp[0], "partition": tp[1], "offset": job.record.offset},
-                    exc_info=exc,
-                )
-                self.on_failure(exc)
+            # Abandoned at a stop (cancelled): no failure to decide, and never acknowledged.
             if isinstance(exc, asyncio.CancelledError):
                 raise
+            if stage == "publish":
+                self.failures.publish_failed(job.record, exc)
+            else:
+                self.failures.processing_failed(job.record, exc)
         finally:
             self._settle(job)
 
@@ -278,7 +252,7 @@ class StreamScorer:
             job.scored.set_result(None)  # the partition's next record may go on
         if not job.published.done():
             job.published.set_result(None)  # abandoned unacknowledged: delivered again
-        self._in_flight[job.record.topic_partition].discard(job)
+        self.checkpoint.left(job.record.topic_partition, job.published)
         self._depth -= 1
         self.observer.record_left()
         self._slots.release()
@@ -288,27 +262,19 @@ class StreamScorer:
         from the model on one of its threads. Returns whether it was reused."""
         if not prepared.needs_vector or self.scorer.reuse_stored(prepared):
             return prepared.stored_row
-        assert prepared.text_key is not None and self.scorer.embedder is not None
+        assert prepared.text_key is not None
         key = prepared.text_key
         running = self._embedding.get(key)
         if running is not None:
             prepared.vector = (await asyncio.shield(running))[0]
             return True
-        future = asyncio.wrap_future(self.scorer.embedder.submit([prepared.text or ""]))
+        future = asyncio.wrap_future(self.scorer.submit_embedding(prepared.text or ""))
         self._embedding[key] = future
         try:
             prepared.vector = (await future)[0]
         finally:
             self._embedding.pop(key, None)
         return False
-
-    async def _acknowledge_after_in_flight(
-        self, tp: TopicPartition, acknowledge: Acknowledge
-    ) -> None:
-        """A redelivered record's offset may be committed once the first delivery is published."""
-        waiting = [job.published for job in self._in_flight[tp]]
-        await asyncio.gather(*waiting, return_exceptions=True)
-        await acknowledge()
 
 
 def _published_fields(routed: RoutedRecord, latency_seconds: float) -> dict[str, object]:

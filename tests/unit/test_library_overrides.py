@@ -1,0 +1,97 @@
+"""Each private faust and aiokafka member the worker overrides still exists in the shape the
+override expects (worker/io/library_overrides.py, worker/io/unreadable.py): a library upgrade
+that renames or reshapes one fails here, not silently in production."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from types import SimpleNamespace
+
+import aiokafka
+import faust.transport.consumer as faust_consumer
+import mode.threads
+import pytest
+from aiokafka.consumer import fetcher
+from aiokafka.record import default_records
+from aiokafka.record._crecords import default_records as compiled_default_records
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+
+from worker.io import library_overrides, unreadable
+from worker.stream.checkpoint import Checkpoint, CommitWentBackwards
+
+
+def parameters(function: object) -> list[str]:
+    return list(inspect.signature(function).parameters)  # type: ignore[arg-type]
+
+
+def source(member: object) -> str:
+    return inspect.getsource(member)  # type: ignore[arg-type]
+
+
+def test_the_group_consumer_is_still_built_by_create_worker_consumer() -> None:
+    built = faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
+    assert parameters(built) == ["self", "transport"]
+    overridden = library_overrides.ScorerConsumerThread._create_worker_consumer
+    assert parameters(overridden) == parameters(built)
+
+
+def test_the_fetch_wait_and_size_are_still_read_from_the_consumer_when_it_starts() -> None:
+    async def build() -> aiokafka.AIOKafkaConsumer:
+        return aiokafka.AIOKafkaConsumer(fetch_max_wait_ms=7, fetch_max_bytes=12_345)
+
+    consumer = asyncio.run(build())
+    assert (consumer._fetch_max_wait_ms, consumer._fetch_max_bytes) == (7, 12_345)
+    start = source(aiokafka.AIOKafkaConsumer.start)
+    assert "self._fetch_max_wait_ms" in start and "self._fetch_max_bytes" in start
+
+
+def test_pausing_a_partition_still_finds_the_client_and_the_thread_loop() -> None:
+    assert "self._consumer" in source(faust_aiokafka.AIOKafkaConsumerThread)
+    assert "self.thread_loop" in source(mode.threads.ServiceThread.__init__)
+    assert parameters(faust_aiokafka.Consumer._new_consumer_thread) == ["self"]
+    for hook in ("on_buffer_full", "on_buffer_drop"):
+        assert parameters(getattr(faust_consumer.Consumer, hook)) == ["self", "tp"]
+    assert "_buffered_partitions" in source(faust_consumer.Consumer.on_buffer_full)
+
+
+def test_every_commit_still_goes_through_commit() -> None:
+    assert parameters(faust_aiokafka.Consumer._commit) == ["self", "offsets"]
+    assert "self._commit(" in source(faust_consumer.Consumer._commit_offsets)
+    assert library_overrides.ScorerTransport.Consumer is library_overrides.ScorerConsumer
+
+
+def test_batches_are_still_read_through_partition_records_and_the_codec_functions() -> None:
+    assert parameters(fetcher.PartitionRecords.__init__)[:3] == ["self", "tp", "records"]
+    assert "PartitionRecords(" in source(fetcher)
+    for module in (default_records, compiled_default_records):
+        for name in ("gzip_decode", "lz4_decode", "zstd_decode"):
+            assert callable(getattr(module, name)), f"{module.__name__}.{name}"
+    assert unreadable._TolerantPartitionRecords.__mro__[1].__name__ == "PartitionRecords"
+
+
+def test_a_commit_that_would_go_backwards_never_reaches_the_broker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[dict[TP, int]] = []
+
+    async def commit(self: object, offsets: dict[TP, int]) -> bool:
+        sent.append(dict(offsets))
+        return True
+
+    monkeypatch.setattr(faust_aiokafka.Consumer, "_commit", commit)
+    checkpoint = Checkpoint(publisher=SimpleNamespace())  # type: ignore[arg-type]
+    consumer = object.__new__(library_overrides.ScorerConsumer)
+    consumer.app = SimpleNamespace(stream_scorer=SimpleNamespace(checkpoint=checkpoint))
+    partition = TP("raw", 0)
+
+    assert asyncio.run(consumer._commit({partition: 5}))
+    assert asyncio.run(consumer._commit({partition: 5}))  # the same again: not backwards
+    with pytest.raises(CommitWentBackwards, match=r"offset 3 for raw\[0\] below its last commit 5"):
+        asyncio.run(consumer._commit({partition: 3}))
+    assert sent == [{partition: 5}, {partition: 5}]
+
+    checkpoint.assigned([])  # revoked: its next ownership starts from the group's offset
+    assert asyncio.run(consumer._commit({partition: 3}))
+    assert sent[-1] == {partition: 3}

@@ -1,0 +1,111 @@
+"""Every private member of faust and aiokafka that the worker overrides, in one place.
+
+Each override below names what it buys; ``tests/unit/test_library_overrides.py`` fails when
+the library renames or reshapes a member used here. The other override, aiokafka's
+``PartitionRecords`` and its codec functions (unreadable and oversized batches), lives in
+:mod:`worker.io.unreadable`, installed from here, with its own tests.
+
+- ``AIOKafkaConsumerThread._create_worker_consumer`` and the consumer's
+  ``_fetch_max_wait_ms`` / ``_fetch_max_bytes``: the fetch wait and fetch size from the settings.
+- ``AIOKafkaConsumerThread._consumer`` / ``thread_loop``: pausing a partition's fetches.
+- ``Consumer._new_consumer_thread`` and ``_buffered_partitions``: the thread above, and pausing
+  a partition in the client while faust's buffer for it is full.
+- ``Consumer._commit``: every commit passes the checkpoint first (a commit never goes back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import aiokafka
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+
+from worker.io import unreadable
+from worker.settings import Settings
+
+
+class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread with the fetch wait and the fetch size taken from the settings.
+
+    faust creates its group consumer with a fixed 1.5 s fetch wait. A broker that answers a
+    fetch only when that wait runs out would hold each new record up to 1.5 s before the
+    worker sees it, which alone breaks the 100 ms budget. It bounds each partition's share of
+    a fetch (``consumer_max_fetch_size``) but leaves the whole fetch at aiokafka's 50 MiB:
+    here the whole fetch gets the same bound as one partition (``Settings.fetch_max_bytes``).
+    """
+
+    def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
+        consumer = super()._create_worker_consumer(transport)
+        settings: Settings = self.app.scorer_settings  # type: ignore[attr-defined]
+        if not hasattr(consumer, "_fetch_max_wait_ms") or not hasattr(consumer, "_fetch_max_bytes"):
+            raise RuntimeError(
+                f"aiokafka {aiokafka.__version__} does not take the fetch options this way; "
+                "KP_FETCH_MAX_WAIT_MS and the fetch size bound cannot be applied"
+            )
+        # Both are read when the consumer starts its fetcher.
+        consumer._fetch_max_wait_ms = settings.fetch_max_wait_ms
+        consumer._fetch_max_bytes = settings.fetch_max_bytes
+        # A batch it cannot read, or that decompresses past KP_MAX_BATCH_BYTES, is dead letters.
+        unreadable.install(settings.max_batch_bytes)
+        return consumer
+
+    def set_fetching(self, tp: TP, fetching: bool) -> None:
+        """Pause or resume fetching ``tp``; safe to call from the app's event loop."""
+        with contextlib.suppress(RuntimeError):  # the consumer thread has stopped: nothing to do
+            self.thread_loop.call_soon_threadsafe(self._set_fetching, tp, fetching)
+
+    def _set_fetching(self, tp: TP, fetching: bool) -> None:
+        consumer = self._consumer
+        partition = aiokafka.TopicPartition(tp.topic, tp.partition)
+        if consumer is None or partition not in consumer.assignment():
+            return  # revoked meanwhile: a new assignment starts every partition fetching
+        if fetching:
+            consumer.resume(partition)
+        else:
+            consumer.pause(partition)
+
+
+class ScorerConsumer(faust_aiokafka.Consumer):
+    """Faust's consumer that stops fetching a partition while the worker has a backlog of it.
+
+    faust stops handing over a partition's records once the agent's buffer is under
+    pressure (``stream_buffer_maxsize``, KP_FETCH_BUFFER_RECORDS), and takes them again
+    when it has drained, but its consumer thread keeps asking the broker for more: an empty
+    fetch every KP_FETCH_MAX_WAIT_MS, for nothing. On a backlog on 2 cores those fetches
+    took ~0.03 of a core in the worker and ~0.035 in the broker (bench/RESULTS.md). Here the
+    partition is paused in the Kafka client as well, so no fetch is sent for it until the
+    buffer has drained.
+    """
+
+    _thread: ScorerConsumerThread
+
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return ScorerConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def on_buffer_full(self, tp: TP) -> None:
+        super().on_buffer_full(tp)
+        if tp in self._buffered_partitions:
+            self._thread.set_fetching(tp, False)
+            self.app.observer.fetching_paused(tp, True)  # type: ignore[attr-defined]
+
+    def on_buffer_drop(self, tp: TP) -> None:
+        paused = tp in self._buffered_partitions
+        super().on_buffer_drop(tp)
+        if paused:
+            self._thread.set_fetching(tp, True)
+            self.app.observer.fetching_paused(tp, False)  # type: ignore[attr-defined]
+
+    async def _commit(self, offsets: Mapping[TP, int]) -> bool:
+        """Step 3 of :mod:`worker.stream.checkpoint`: a commit that would take a partition's
+        offset backwards is refused before it reaches the broker."""
+        stream = self.app.stream_scorer  # type: ignore[attr-defined]
+        if stream is not None:
+            stream.checkpoint.committing(offsets)
+        return bool(await super()._commit(offsets))
+
+
+class ScorerTransport(faust_aiokafka.Transport):
+    Consumer = ScorerConsumer

@@ -1,0 +1,184 @@
+"""At least once: an input offset is committed only after the broker acknowledged the
+record's output. The whole protocol is here, in numbered steps.
+
+1. **Publish.** A record's routed output goes to the broker (:meth:`Checkpoint.publish`). A
+   failed publish raises before step 2: the record is never acknowledged.
+2. **Acknowledge.** Once the broker acknowledged the output, the record's offset is handed to
+   the consumer. A redelivered record (a rebalance handed it over again while its first
+   delivery waits on the broker) is acknowledged only once every record of its partition
+   still in flight here is published or dropped (:meth:`Checkpoint.acknowledge_redelivered`).
+   A record dropped (its partition revoked), failed or abandoned is never acknowledged.
+3. **Commit.** The consumer commits each partition up to its first unacknowledged offset;
+   each commit passes :meth:`Checkpoint.committing` first, which refuses one that would take
+   a partition's committed offset backwards (:class:`CommitWentBackwards`).
+4. **Drain on stop.** :meth:`Checkpoint.close` takes no more records and gives those in flight
+   a bounded time (:func:`drain_seconds`) to be published and acknowledged, so that the
+   consumer's last commit covers them; whatever is still in flight then is abandoned
+   unacknowledged and delivered again to the partition's next owner.
+5. **Confirm.** After the consumer's last commit, :func:`unconfirmed_commits` asks the broker
+   whether the group's committed offsets cover every published record; where they do not (or
+   it cannot tell), the worker exits 75 (``EXIT_DEADLINE``): the redelivery is expected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
+
+from worker.core.records import RoutedRecord
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+# Step 4: how long records already in flight at a stop may take to be published (at most this
+# share of the shutdown deadline) before they are abandoned to the next worker.
+DRAIN_SECONDS = 5.0
+DRAIN_SHARE_OF_DEADLINE = 0.25
+# Step 5: how long to ask the broker whether every published record's offset is committed.
+CONFIRM_SECONDS = 3.0
+Acknowledge = Callable[[], Awaitable[object]]
+
+
+class RoutedPublisher(Protocol):
+    async def publish(self, routed: Sequence[RoutedRecord]) -> None: ...
+
+
+class CommitWentBackwards(RuntimeError):
+    """A commit below the partition's last one: redelivery of records already committed."""
+
+
+class Checkpoint:
+    """Owns the at-least-once steps for the records of every owned partition."""
+
+    def __init__(self, publisher: RoutedPublisher) -> None:
+        self.publisher = publisher
+        self.closed = False  # step 4 began: no more records are taken
+        self.stopped = False  # what is in flight is abandoned
+        self._in_flight: dict[TopicPartition, set[asyncio.Future[object]]] = defaultdict(set)
+        self._committed: dict[TopicPartition, int] = {}
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    # -- in flight ---------------------------------------------------------------------------
+    def entered(self, tp: TopicPartition, published: asyncio.Future[object]) -> None:
+        """A record of ``tp`` is in flight until ``published`` is done (published or not)."""
+        self._in_flight[tp].add(published)
+
+    def left(self, tp: TopicPartition, published: asyncio.Future[object]) -> None:
+        self._in_flight[tp].discard(published)
+
+    def in_flight(self) -> int:
+        return sum(len(records) for records in self._in_flight.values())
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of the pipeline is running (every record settled, every task ended)."""
+        return not self._tasks
+
+    def spawn(self, work: Awaitable[None]) -> asyncio.Future[None]:
+        """Run ``work`` as part of the pipeline: step 4 waits for it, or cancels it."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- steps 1 and 2 -----------------------------------------------------------------------
+    async def publish(
+        self, routed: Sequence[RoutedRecord], acknowledge: Acknowledge | None
+    ) -> float:
+        """Publish a record's output, then acknowledge its offset; returns the monotonic time
+        the broker acknowledged the output. A failed publish raises, unacknowledged."""
+        await self.publisher.publish(routed)
+        acked = time.monotonic()
+        if acknowledge is not None:
+            await acknowledge()
+        return acked
+
+    def acknowledge_redelivered(self, tp: TopicPartition, acknowledge: Acknowledge) -> None:
+        """A redelivered record's offset may be committed once the first delivery is published."""
+        self.spawn(self._acknowledge_after_in_flight(tp, acknowledge))
+
+    async def _acknowledge_after_in_flight(
+        self, tp: TopicPartition, acknowledge: Acknowledge
+    ) -> None:
+        waiting = list(self._in_flight[tp])
+        await asyncio.gather(*waiting, return_exceptions=True)
+        await acknowledge()
+
+    # -- step 3 ------------------------------------------------------------------------------
+    def committing(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """The consumer is about to commit ``offsets``: none may go below the last commit."""
+        for tp, offset in offsets.items():
+            key = (tp[0], tp[1])
+            last = self._committed.get(key)
+            if last is not None and offset < last:
+                raise CommitWentBackwards(
+                    f"commit of offset {offset} for {key[0]}[{key[1]}] below its last commit "
+                    f"{last}: records already committed would be delivered again"
+                )
+            self._committed[key] = offset
+
+    def assigned(self, partitions: Sequence[TopicPartition]) -> None:
+        """Partitions no longer held start afresh: their next owner commits them."""
+        held = set(partitions)
+        for tp in [tp for tp in self._committed if tp not in held]:
+            del self._committed[tp]
+
+    # -- step 4 ------------------------------------------------------------------------------
+    async def drain(self) -> None:
+        """Wait for every record in flight to be published and acknowledged (or dropped)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self, timeout: float) -> None:
+        """Take no more records; let those in flight finish within ``timeout`` seconds; then
+        abandon the rest (:meth:`stop`)."""
+        self.closed = True
+        try:
+            async with asyncio.timeout(timeout):
+                await self.drain()
+        except TimeoutError:
+            log.warning(
+                "records still in the pipeline at the stop; they will be redelivered",
+                extra={"records": self.in_flight(), "waited_s": timeout},
+            )
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Abandon what is in flight: none of it was acknowledged, so it is redelivered."""
+        self.closed = self.stopped = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def drain_seconds(shutdown_timeout_seconds: float) -> float:
+    """Step 4's bound for a worker with this shutdown deadline (KP_SHUTDOWN_TIMEOUT_SECONDS)."""
+    return min(DRAIN_SECONDS, shutdown_timeout_seconds * DRAIN_SHARE_OF_DEADLINE)
+
+
+# -- step 5 ----------------------------------------------------------------------------------
+async def unconfirmed_commits(
+    finished: Mapping[TopicPartition, int],
+    committed: Callable[[str, int], Awaitable[int | None]],
+    timeout: float,
+) -> list[TopicPartition]:
+    """Partitions whose published records the group's committed offset does not cover yet,
+    or could not be confirmed to cover within ``timeout`` seconds (broker unreachable).
+
+    ``finished`` maps each partition to the offset after its last published record.
+    """
+
+    async def check(tp: TopicPartition, position: int) -> bool:
+        offset = await committed(*tp)
+        return offset is not None and offset >= position
+
+    try:
+        async with asyncio.timeout(timeout):
+            covered = await asyncio.gather(*(check(tp, pos) for tp, pos in finished.items()))
+    except Exception:  # unreachable, timed out, not coordinator: unconfirmed is uncommitted
+        return sorted(finished)
+    return sorted(tp for tp, ok in zip(finished, covered, strict=True) if not ok)
