@@ -34,6 +34,7 @@ from rich.console import Console
 
 from worker.cli import demo
 from worker.cli import main as cli
+from worker.dev.process import free_loopback_port
 from worker.io.kafka import COMMAND_GIVE_UP_SECONDS, PartitionLogReader, Publisher
 from worker.settings import Settings, load_settings, unknown_variables
 
@@ -70,12 +71,6 @@ def kp_scorer(*args: str, timeout: float = 120, **env: str) -> subprocess.Comple
     )
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 # --- rescore --from-topics ends as replay does ----------------------------------------------
 
 
@@ -85,7 +80,7 @@ def closed_port() -> int:
     ids=["rescore", "replay"],
 )
 def test_an_unreachable_broker_exits_1(args: list[str]) -> None:
-    done = kp_scorer(*args, KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{closed_port()}")
+    done = kp_scorer(*args, KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{free_loopback_port()}")
     assert done.returncode == cli.EXIT_UNREACHABLE == 1, done.stderr
     assert "Kafka unreachable" in done.stderr.strip().splitlines()[-1]
 

@@ -29,6 +29,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 
 from worker.core.errors import error_line
+from worker.dev.process import free_loopback_port
 from worker.logs import logging_config
 from worker.stream.connectivity import BrokerHealth
 
@@ -174,12 +175,6 @@ def command_env(bootstrap: str) -> dict[str, str]:
     return {**env, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "PYTHONPATH": str(REPO)}
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize(
     "args",
     [["replay", "--topic", "t", "--output-prefix", "p"], ["rescore", "--from-topics"]],
@@ -188,7 +183,7 @@ def closed_port() -> int:
 def test_an_unreachable_broker_is_said_in_plain_lines(args: list[str]) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "worker.cli", *args],
-        env=command_env(f"127.0.0.1:{closed_port()}"),
+        env=command_env(f"127.0.0.1:{free_loopback_port()}"),
         capture_output=True,
         text=True,
         timeout=120,

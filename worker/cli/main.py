@@ -250,6 +250,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.traces, args.rate, args.timeout, args.keep_running)
 
 
+def _what_if_options(parser: argparse.ArgumentParser, profiles: str, threshold: str) -> None:
+    """The profiles and thresholds that `rescore` and `report` apply to recorded outputs."""
+    parser.add_argument("--profiles", type=Path, help=profiles)
+    parser.add_argument("--threshold", type=float, help=threshold)
+    parser.add_argument(
+        "--domain-threshold",
+        type=_domain_threshold,
+        action="append",
+        metavar="DOMAIN=T",
+        help="accept threshold for one task_domain (repeatable; adds to KP_DOMAIN_THRESHOLDS)",
+    )
+
+
 def _recorded_outputs_options(
     parser: argparse.ArgumentParser, topics: str, default_topics: str
 ) -> None:
@@ -763,15 +776,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="write the re-scored JSONL here (- for stdout; the default for a FILE)",
     )
-    rescore.add_argument("--profiles", type=Path, help=profiles_help)
-    rescore.add_argument("--threshold", type=float, help=threshold_help)
-    rescore.add_argument(
-        "--domain-threshold",
-        type=_domain_threshold,
-        action="append",
-        metavar="DOMAIN=T",
-        help="accept threshold for one task_domain (repeatable; adds to KP_DOMAIN_THRESHOLDS)",
-    )
+    _what_if_options(rescore, profiles_help, threshold_help)
     rescore.add_argument("--json", action="store_true", help="summary as JSON, not tables")
     rescore.add_argument("--quiet", action="store_true", help="no progress bar")
     rescore.set_defaults(func=cmd_rescore)
@@ -792,15 +797,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="the HTML page (default report.html; with --json, only when given)",
     )
-    report.add_argument("--profiles", type=Path, help="weight profiles JSON file")
-    report.add_argument("--threshold", type=float, help="accept threshold")
-    report.add_argument(
-        "--domain-threshold",
-        type=_domain_threshold,
-        action="append",
-        metavar="DOMAIN=T",
-        help="accept threshold for one task_domain (repeatable; adds to KP_DOMAIN_THRESHOLDS)",
-    )
+    _what_if_options(report, profiles_help, threshold_help)
     report.add_argument("--json", action="store_true", help="the numbers as JSON on stdout")
     report.add_argument("--quiet", action="store_true", help="no progress bar")
     report.set_defaults(func=cmd_report)

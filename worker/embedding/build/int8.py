@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 import onnxruntime as ort
 
 from worker.embedding.build import QuantizeError

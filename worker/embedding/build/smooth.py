@@ -154,5 +154,3 @@ def smooth(
         ordered.append(node)
     del graph.node[:]
     graph.node.extend(ordered)
-
-
