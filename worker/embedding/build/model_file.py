@@ -7,11 +7,8 @@ offline keeps the worker's filesystem read-only and the derivation out of its st
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,8 +81,8 @@ def build_model(
         record["tokenizer_sha256"] = file_sha256(tokenizer, "tokenizer", QuantizeError)
     output = Path(output)
     sidecar = sidecar_path(output)
-    _write_atomically(output, data)
-    _write_atomically(sidecar, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+    _write(output, data)  # the model first: a new sidecar never names a partial file
+    _write(sidecar, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
     return BuiltModel(output, sidecar, record)
 
 
@@ -119,19 +116,11 @@ def _streamlined_bytes(source: Path) -> bytes:
     return data
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write beside the target and rename over it: a reader sees no half-written file."""
+def _write(path: Path, data: bytes) -> None:
+    """Write the file whole. A write cut short leaves a file no sidecar's hash matches, which
+    the worker refuses to load."""
     try:
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(data)
-            os.chmod(temp, 0o644)  # readable by the worker's user, as a copied file would be
-            os.replace(temp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
+        path.write_bytes(data)
     except OSError as exc:
         raise QuantizeError(f"cannot write {path}: {one_line(exc)}") from None
 
