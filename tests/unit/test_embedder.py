@@ -357,15 +357,13 @@ def test_the_embedder_config_is_the_settings_embedding_part(tmp_path: Path) -> N
         "embed_concurrency": (3, "concurrency"),
         "embed_batch_size": (4, "batch_size"),
         "embed_split_min_tokens": (96, "split_min_tokens"),
-        "int8_recipe": ("smooth-keep-ffn-down", "int8_recipe"),
-        "model_cache_dir": (tmp_path, "cache_dir"),
         "embedder_required": (True, "required"),
     }
     config = config_of(load_settings(**{k: v for k, (v, _) in settings_to_fields.items()}))
     for setting, (value, field) in settings_to_fields.items():
         assert getattr(config, field) == value, setting
-    assert (config.engine, config.providers) == ("model", ("CPUExecutionProvider",))
-    mapped = {field for _, field in settings_to_fields.values()} | {"engine", "providers"}
+    assert config.providers == ("CPUExecutionProvider",)
+    mapped = {field for _, field in settings_to_fields.values()} | {"providers"}
     assert mapped == set(EmbedderConfig.__dataclass_fields__)
 
 

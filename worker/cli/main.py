@@ -1,5 +1,5 @@
 """kp-scorer command line: worker, demo, score (offline JSONL), replay, rescore, report,
-settings, check."""
+settings, check, model build."""
 
 from __future__ import annotations
 
@@ -65,6 +65,7 @@ EXIT_INTERRUPTED = 128 + 2
 def _checked_settings(args: argparse.Namespace | None = None) -> Settings:
     """Settings (with the command's flags over the environment) plus the weight profiles they
     name, validated before anything starts; an error names the flag or variable it came from."""
+    from worker.cli.model import int8_batch_problem
     from worker.core.scoring import ProfileError, load_profiles
 
     overrides: dict[str, object] = {}
@@ -78,6 +79,10 @@ def _checked_settings(args: argparse.Namespace | None = None) -> Settings:
     except SettingsError as exc:
         err_console.print(f"[red]kp-scorer: {exc}[/red]")
         raise SystemExit(2) from None
+    problem = int8_batch_problem(settings)
+    if problem is not None:
+        _say(f"kp-scorer: invalid configuration:\n  {problem}", "red")
+        raise SystemExit(2)
     try:
         load_profiles(settings.profiles_file)
     except ProfileError as exc:
@@ -814,6 +819,10 @@ def build_parser() -> argparse.ArgumentParser:
         "versions and results as JSON",
     )
     check.set_defaults(func=cmd_check)
+
+    from worker.cli.model import add_model_command
+
+    add_model_command(add_command("model", help="build the model file the worker loads"))
     return parser
 
 

