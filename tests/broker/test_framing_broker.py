@@ -15,8 +15,8 @@ from worker.dev.process import WorkerProcess
 
 from support.kafka_helpers import create_topics, produce
 from support.outputs import collect_outputs, first_by_source
-from support.paths import EXAMPLES
 from support.registry import Registry, schema_id_of
+from support.traces import varied_traces
 from support.workers import worker_topics
 
 pytestmark = pytest.mark.broker
@@ -30,9 +30,9 @@ def test_framed_and_plain_records_score_alike_on_a_worker(
     env, outputs = worker_topics(new_topic_name("framing"), partitions=2)
     topic = env["KP_INPUT_TOPIC"]
     create_topics(kafka_bootstrap, [topic], partitions=2)
-    lines = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()][:10]
-    lines.append(lines[3])  # an exact repeat: novelty from the cache, on both partitions
-    documents = [orjson.loads(line) for line in lines]
+    documents = varied_traces(10)
+    documents.append(documents[3])  # an exact repeat: novelty from the cache, on both
+    lines = [orjson.dumps(document) for document in documents]
     registry = Registry()
     framed = [registry.frame(document, topic) for document in documents]
     records = [(b"plain", line, 0, None) for line in lines]
@@ -82,8 +82,8 @@ def test_a_framing_mode_dead_letters_the_other_form(
     )
     topic = env["KP_INPUT_TOPIC"]
     create_topics(kafka_bootstrap, [topic], partitions=1)
-    line = next(line for line in EXAMPLES.read_bytes().splitlines() if line.strip())
-    values = {"plain": line, "framed": Registry().frame(orjson.loads(line), topic)}
+    document = varied_traces(1)[0]
+    values = {"plain": orjson.dumps(document), "framed": Registry().frame(document, topic)}
     produced = produce(
         kafka_bootstrap, topic, [(k.encode(), v, 0, None) for k, v in values.items()]
     )

@@ -24,14 +24,15 @@ from worker.core.scoring import load_profiles
 from worker.core.trace import Framing, parse_trace, unframe
 from worker.settings import SettingsError, load_settings
 
-from support.paths import EXAMPLES, REPO
+from support.paths import REPO
 from support.registry import Registry, schema_id_of
+from support.traces import varied_traces
 
 TOPIC = "kp.traces.raw"
 
 
 def documents() -> list[dict]:
-    return [orjson.loads(line) for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
+    return varied_traces(12)
 
 
 def plain(document: dict) -> bytes:
@@ -179,7 +180,7 @@ def test_input_framing_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> 
 def test_offline_score_reads_plain_lines_whatever_the_input_framing(tmp_path) -> None:
     """`kp-scorer score` reads JSON lines: KP_INPUT_FRAMING=confluent does not refuse them,
     and its output has no schema_id."""
-    lines = EXAMPLES.read_bytes().splitlines()[:2]
+    lines = [plain(document) for document in documents()[:2]]
     (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     result = subprocess.run(
         [sys.executable, "-m", "worker.cli", "score", "--no-embedder", "--quiet", "in.jsonl"],
