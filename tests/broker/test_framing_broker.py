@@ -3,14 +3,20 @@
 Partition 0 carries plain JSON traces, partition 1 the same traces framed by
 ``confluent_kafka``'s JSON serializer (mock registry), in the same order: each partition has
 its own novelty cache, so every pair must come out alike, score, decision and novelty, but for
-``source.schema_id``.
+``source.schema_id``. ``kp-scorer replay`` of the same topic then gives the same outputs.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import orjson
 import pytest
 
+from worker.core.output import prefixed_topics
+from worker.core.records import Decision
 from worker.dev.process import WorkerProcess
 
 from support.kafka_helpers import create_topics, produce
@@ -66,6 +72,28 @@ def test_framed_and_plain_records_score_alike_on_a_worker(
     assert cut.value == TRUNCATED_FRAME, "the bytes as received"
     assert cut.headers["kp-error-kind"] == b"framing"
     assert b"cut short" in cut.headers["kp-error-reason"]
+
+    # `replay` decodes as the worker does: the same outputs, schema ids included.
+    prefix = f"{topic}.replayed"
+    replay = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "replay", "--topic", topic, "--output-prefix", prefix],
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert replay.returncode == 0, replay.stderr[-2000:]
+    replayed_topics = {prefixed_topics(prefix)[d]: d.value for d in Decision}
+    replayed = first_by_source(collect_outputs(kafka_bootstrap, replayed_topics, expected))
+    for source, output in by_source.items():
+        again = replayed[source]
+        assert again.decision == output.decision, source
+        if output.decision == "dead_letter":
+            assert again.value == output.value
+            assert again.headers["kp-error-kind"] == output.headers["kp-error-kind"]
+        else:
+            assert again.document == output.document, source
 
 
 @pytest.mark.parametrize(
