@@ -94,6 +94,11 @@ class Settings(BaseSettings):
     ssl_keyfile: Path | None = None
 
     # Input limits
+    # How input values are framed: "auto" unwraps a Confluent Schema Registry frame (magic
+    # byte 0, 4-byte schema id) where a value has one, "json" reads every value as plain JSON,
+    # "confluent" dead-letters a value without the frame (kind `framing`).
+    input_framing: Literal["auto", "json", "confluent"] = "auto"
+    # Applies to the value as received, a Schema Registry frame included.
     max_message_bytes: PositiveInt = 1_048_576
     # Objects and arrays per message, counted before decoding as "{" and "[" characters (in
     # strings too): bounds the time a container-dense message costs to decode.

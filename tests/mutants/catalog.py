@@ -382,6 +382,26 @@ MUTANTS: tuple[Mutant, ...] = (
         why="publishes 123456789012345678901234567890 as 1.2345678901234568e+29",
     ),
     Mutant(
+        name="framed-record-read-as-text",
+        promise="A framed record scores as its document: a Schema Registry frame (magic byte "
+        "0, 4-byte schema id) is unwrapped, and the record scores as the plain JSON would",
+        path="worker/core/trace.py",
+        old="""\
+    if framing == "json":
+        return raw, None
+""",
+        new="""\
+    if framing != "confluent":
+        return raw, None
+""",
+        tests=(
+            "tests/unit/test_framing.py::test_a_framed_record_scores_as_its_plain_document",
+            "tests/broker/test_framing_broker.py::"
+            "test_framed_and_plain_records_score_alike_on_a_worker",
+        ),
+        why="dead-letters every record from a registry serializer as invalid_json by default",
+    ),
+    Mutant(
         name="created-at-not-checked",
         promise="created_at is RFC 3339",
         path="worker/core/schema.py",

@@ -214,3 +214,27 @@ def finance_example() -> dict[str, Any]:
 
 CODE_REVIEW_EXPECTED_SCORE = 0.66875
 FINANCE_EXPECTED_SCORE = 0.724
+
+
+def varied_traces(count: int) -> list[dict[str, Any]]:
+    """``count`` valid, distinct documents over several domains, outcomes and tools: the two
+    seed examples, then made traces (some accepted, some rejected at the default threshold)."""
+    documents = [code_review_example(), finance_example()]
+    tools = ("search", "shell", "github_pr_read", "sql")
+    for i in range(count - len(documents)):
+        documents.append(
+            make_trace(
+                id=f"kp:trace:varied-{i:04d}",
+                domain=("general", "code-review", "finance")[i % 3],
+                success=i % 4 != 3,
+                confidence=0.5 + (i % 5) / 10,
+                objective=f"Task {i}: find why the nightly build {i % 7} fails",
+                steps=steps_of(
+                    *("thought", "tool_call", "observation", "tool_call", "observation")[
+                        : 2 + i % 4
+                    ],
+                    tools={1: tools[i % 4], 3: tools[(i + 1) % 4]},
+                ),
+            )
+        )
+    return documents[:count]

@@ -426,6 +426,7 @@ def test_error_kinds_are_stable() -> None:
     assert INPUT_ERROR_KINDS == (
         "empty",
         "too_large",
+        "framing",
         "invalid_encoding",
         "invalid_json",
         "duplicate_key",

@@ -191,7 +191,9 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     settings = _checked_settings(args)
     configure_logging(settings.log_level, settings.log_repeat_interval_seconds, human=True)
-    scorer = build_scorer(_model_whole(settings), use_embedder=not args.no_embedder)
+    # JSON lines are never framed: KP_INPUT_FRAMING is the input topic's, not a file's.
+    offline = _model_whole(settings).model_copy(update={"input_framing": "json"})
+    scorer = build_scorer(offline, use_embedder=not args.no_embedder)
     if scorer.embedder is None and not args.no_embedder:
         err_console.print(
             f"[yellow]embedder unavailable ({scorer.embedder_reason}); novelty 0.5[/]"

@@ -55,6 +55,13 @@ class InvalidJsonError(TraceError):
     kind = "invalid_json"
 
 
+class FramingError(TraceError):
+    """A value whose Schema Registry framing is missing (``KP_INPUT_FRAMING=confluent``),
+    cut short, or wraps no document."""
+
+    kind = "framing"
+
+
 class DuplicateKeyError(TraceError):
     kind = "duplicate_key"
 
@@ -99,6 +106,7 @@ INPUT_ERROR_KINDS: tuple[str, ...] = tuple(
     for cls in (
         EmptyMessageError,
         TooLargeError,
+        FramingError,
         EncodingError,
         InvalidJsonError,
         DuplicateKeyError,

@@ -59,13 +59,16 @@ def scored(
     model_id: str | None,
 ) -> RoutedRecord:
     """An accepted or rejected output: the input key and headers, the trace with its score."""
+    source = source_json(record)
+    if trace.schema_id is not None:
+        source["schema_id"] = trace.schema_id
     value = scored_value(
         trace.document,
         breakdown,
         threshold,
         decision,
         {"version": __version__, "model": model_id, "embedder_available": model_id is not None},
-        source_json(record),
+        source,
     )
     headers = (
         *producer_headers(record.headers),

@@ -32,7 +32,13 @@ from worker.core.records import (
     UnreadableValue,
 )
 from worker.core.scoring import Novelty, ProfileSet, load_profiles, score_trace
-from worker.core.trace import DEFAULT_MAX_BYTES, DEFAULT_MAX_CONTAINERS, Trace, parse_trace
+from worker.core.trace import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_CONTAINERS,
+    Framing,
+    Trace,
+    parse_trace,
+)
 from worker.embedding import Embedder
 from worker.settings import Settings
 
@@ -106,6 +112,7 @@ class Scorer:
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         max_json_containers: int = DEFAULT_MAX_CONTAINERS,
         failures: FailurePolicy | None = None,
+        framing: Framing = "auto",
     ) -> None:
         self.profiles = profiles
         self.failures = failures or FailurePolicy()
@@ -116,6 +123,7 @@ class Scorer:
         self.max_message_bytes = max_message_bytes
         self.max_output_bytes = max_output_bytes
         self.max_json_containers = max_json_containers
+        self.framing = framing
 
     @property
     def model_id(self) -> str | None:
@@ -162,7 +170,9 @@ class Scorer:
         if isinstance(record.value, UnreadableValue):
             return UnreadableRecordError(record.value.reason)
         try:
-            return parse_trace(record.value, self.max_message_bytes, self.max_json_containers)
+            return parse_trace(
+                record.value, self.max_message_bytes, self.max_json_containers, self.framing
+            )
         except TraceError as error:
             return error
 
@@ -352,4 +362,5 @@ def build_scorer(settings: Settings, *, use_embedder: bool = True) -> Scorer:
         embedder_reason=reason,
         max_output_bytes=settings.max_output_bytes,
         max_json_containers=settings.max_json_containers,
+        framing=settings.input_framing,
     )

@@ -7,6 +7,10 @@ checks the nesting depth and, by counting colons, whether orjson kept only the l
 repeated key; integers beyond 64 bits, which orjson reads as floats, are looked for only when
 the write-back holds such a float and the input a run of 19 digits. :mod:`worker.core.schema`
 then checks the schema's rules.
+
+A value framed by a Confluent Schema Registry serializer (magic byte 0, a 4-byte big-endian
+schema id, then the document) is unwrapped here, in the one decode path of the worker and of
+``replay``: :func:`unframe`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -26,6 +30,7 @@ from worker.core.errors import (
     DuplicateKeyError,
     EmptyMessageError,
     EncodingError,
+    FramingError,
     IntegerOutOfRangeError,
     InvalidJsonError,
     NotAnObjectError,
@@ -38,16 +43,27 @@ from worker.core.schema import check_trace_document, json_path
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_CONTAINERS",
+    "FRAME_HEADER_BYTES",
     "MAX_DEPTH",
     "NAMED_DUPLICATES_UP_TO",
+    "Framing",
     "Trace",
     "TraceError",
     "decode_json",
     "parse_trace",
+    "unframe",
     "validate_trace",
 ]
 
 DEFAULT_MAX_BYTES = 1_048_576
+# How input values are framed (KP_INPUT_FRAMING): "auto" unwraps a Schema Registry frame where
+# there is one, "json" never does, "confluent" requires one.
+Framing = Literal["auto", "json", "confluent"]
+# The Confluent wire format: magic byte 0, then the schema id as 4 big-endian bytes. A JSON
+# text never starts with byte 0 (only whitespace or a value may open it, and a NUL byte is
+# neither), so "auto" cannot take a plain document for a framed one.
+_MAGIC = b"\x00"
+FRAME_HEADER_BYTES = 5
 # Objects and arrays a message may hold, counted before decoding as its "{" and "[" bytes
 # (those inside strings too: a bound found in about a millisecond). Building the Python
 # objects of a container-dense 1 MiB message takes 30-50 ms, whatever the decoder; a trace
@@ -71,6 +87,8 @@ class Trace:
     """A schema-valid ReasoningTrace. ``document`` is the parsed JSON, extra fields included."""
 
     document: dict[str, Any]
+    # The Schema Registry id the value was framed with; None for a plain JSON value.
+    schema_id: int | None = None
 
     @property
     def id(self) -> str:
@@ -281,8 +299,7 @@ def decode_json(
     64 bits (it would not be passed through exactly), size-limited."""
     if raw is None or len(raw) == 0:
         raise EmptyMessageError("message has no value (empty or tombstone)")
-    if len(raw) > max_bytes:
-        raise TooLargeError(f"message is {len(raw)} bytes, over the {max_bytes}-byte limit")
+    _check_size(raw, max_bytes)
     brackets = raw.count(b"{") + raw.count(b"[")
     if brackets > max_containers:
         raise TooLargeError(
@@ -310,18 +327,58 @@ def decode_json(
     return document
 
 
+def _check_size(raw: bytes, max_bytes: int) -> None:
+    if len(raw) > max_bytes:
+        raise TooLargeError(f"message is {len(raw)} bytes, over the {max_bytes}-byte limit")
+
+
+def unframe(raw: bytes, framing: Framing = "auto") -> tuple[bytes, int | None]:
+    """The JSON document of a non-empty value and its Schema Registry id (None if unframed).
+
+    ``json`` returns the value as it is (a framed one then fails as ``invalid_json``);
+    ``auto`` unwraps a value that starts with the magic byte 0; ``confluent`` requires it.
+    """
+    if framing == "json":
+        return raw, None
+    if raw[:1] != _MAGIC:
+        if framing == "confluent":
+            raise FramingError(
+                f"expected Schema Registry framing (magic byte 0, then a 4-byte schema id), "
+                f"got a value starting with {snippet(raw[:8])} (KP_INPUT_FRAMING=confluent)"
+            )
+        return raw, None
+    if len(raw) < FRAME_HEADER_BYTES:
+        raise FramingError(
+            f"Schema Registry frame cut short: magic byte 0 and {len(raw) - 1} of the 4 "
+            f"schema-id bytes, no document"
+        )
+    schema_id = int.from_bytes(raw[1:FRAME_HEADER_BYTES], "big")
+    if len(raw) == FRAME_HEADER_BYTES:
+        raise FramingError(f"Schema Registry frame (schema id {schema_id}) holds no document")
+    return raw[FRAME_HEADER_BYTES:], schema_id
+
+
 def parse_trace(
     raw: bytes | None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_containers: int = DEFAULT_MAX_CONTAINERS,
+    framing: Framing = "auto",
 ) -> Trace:
-    """Decode and validate one message; raises a TraceError subclass on any problem."""
+    """Decode and validate one message; raises a TraceError subclass on any problem.
+
+    The size limit applies to the value as received, frame included.
+    """
+    schema_id = None
+    if raw:
+        _check_size(raw, max_bytes)
+        raw, schema_id = unframe(raw, framing)
     document = decode_json(raw, max_bytes, max_containers)
     if not isinstance(document, dict):
         raise NotAnObjectError(
             f"expected a JSON object (ReasoningTrace), got {type(document).__name__}"
         )
-    return validate_trace(document)
+    trace = validate_trace(document)
+    return trace if schema_id is None else Trace(document, schema_id)
 
 
 def validate_trace(document: dict[str, Any]) -> Trace:
