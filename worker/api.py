@@ -128,7 +128,8 @@ class Partition:
     Made by :meth:`TraceScorer.partition`. Each trace scored in it is compared with the
     traces scored in it before (up to ``KP_CACHE_CAPACITY``, within ``KP_CACHE_TTL_SECONDS``
     of event time) and then joins them, as consecutive records of one Kafka partition do.
-    ``topic`` and ``number`` are what the output's ``source`` names.
+    ``topic`` and ``number`` are what the output's ``source`` names. One thread at a time
+    may score in a partition (its order is the scores' order); partitions are independent.
     """
 
     def __init__(self, owner: TraceScorer, core: Scorer, topic: str, number: int) -> None:
@@ -297,7 +298,8 @@ def rescore_output(
     A record that cannot be re-scored gives :class:`NotRescored` with the reason.
     """
     settings = load_settings() if settings is None else settings
-    given = {"threshold": threshold, **(domain_thresholds or {})}
+    given = {"threshold": threshold}
+    given.update((f"domain threshold {d!r}", t) for d, t in (domain_thresholds or {}).items())
     for name, value in given.items():
         if value is not None and not 0.0 <= value <= 1.0:
             raise SettingsError(f"invalid configuration:\n  {name}: {value} is not in [0, 1]")
