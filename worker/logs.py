@@ -131,12 +131,12 @@ class RepeatCollapser(logging.Filter):
                     del self._windows[key]
             if self._collapsible(record):
                 key = (record.name, record.levelno, str(record.msg)[:300])
-                window = self._windows.get(key)
-                if window is None:
+                counting = self._windows.get(key)
+                if counting is None:
                     self._windows[key] = [now, 0, record]
                 else:
-                    window[1] += 1
-                    window[2] = record
+                    counting[1] += 1
+                    counting[2] = record
                     passes = False
         for summary in summaries:
             logging.getLogger(summary.name).handle(summary)

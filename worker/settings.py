@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 from collections.abc import Mapping
+from contextvars import ContextVar
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -24,7 +25,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 from pydantic_settings import SettingsError as SourceError
 
 PACKAGE_DATA = Path(__file__).parent / "data"
@@ -35,12 +41,42 @@ class SettingsError(Exception):
     """Configuration is invalid; the message names each bad variable and why."""
 
 
+# The variables ``load_settings(environ=...)`` reads instead of the process environment.
+_ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("kp_settings_environ", default=None)
+
+
+class _MappingSource(EnvSettingsSource):
+    """The environment source over a mapping: the same names, parsing and errors."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        fold = (lambda name: name) if self.case_sensitive else str.lower
+        return {fold(name): value for name, value in self._environ.items()}
+
+
 class Settings(BaseSettings):
     """Every setting, with its documented default (see README, "Configuration")."""
 
     model_config = SettingsConfigDict(
         env_prefix="KP_", frozen=True, extra="ignore", populate_by_name=True
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        environ = _ENVIRON.get()
+        if environ is not None:  # load_settings(environ=...): that mapping, nothing else
+            return init_settings, _MappingSource(settings_cls, environ)
+        return init_settings, env_settings, dotenv_settings, file_secret_settings
 
     # Kafka
     kafka_bootstrap_servers: str = Field(
@@ -374,20 +410,27 @@ UNSET_MEANS = {
 }
 
 
-def load_settings(flags: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+def load_settings(
+    flags: Mapping[str, str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    **overrides: object,
+) -> Settings:
     """Read and validate settings; a bad value raises SettingsError naming the variable.
 
     ``flags`` maps a setting given in ``overrides`` to the command-line flag it came from, so
     that an error names what the user typed (``--threshold``), not a variable they never set.
+    ``environ`` is read instead of the process environment (the Python API's callers).
     """
     flags = flags or {}
 
     def where(field: str) -> str:
         return flags.get(field) or env_name(field)
 
-    removed = removed_variables(os.environ)
+    removed = removed_variables(os.environ if environ is None else environ)
     if removed:
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(removed))
+    token = _ENVIRON.set(environ)
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except SourceError as exc:
@@ -401,3 +444,5 @@ def load_settings(flags: Mapping[str, str] | None = None, **overrides: object) -
             field = str(error["loc"][0]) if error["loc"] else ""
             problems.append(f"{where(field) if field else 'settings'}: {error['msg']}")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+    finally:
+        _ENVIRON.reset(token)

@@ -68,7 +68,7 @@ def _checked_settings(args: argparse.Namespace | None = None) -> Settings:
     from worker.cli.model import int8_batch_problem
     from worker.core.scoring import ProfileError, load_profiles
 
-    overrides: dict[str, object] = {}
+    overrides: dict[str, Any] = {}
     flags: dict[str, str] = {}
     for dest, (flag, field) in SETTING_FLAGS.items():
         value = getattr(args, dest, None)
@@ -313,7 +313,7 @@ def _partition_list(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected partitions like 0,1,2: {value!r}") from None
 
 
-def _range_flags(args: argparse.Namespace) -> dict[str, object]:
+def _range_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The partitions and offset/time bounds that replay and rescore read alike."""
     return {
         "partitions": args.partitions,
@@ -616,6 +616,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             return 2
     report = ScoreReport()
     quiet = args.quiet or not err_console.is_terminal
+    found: tuple[RescoreSummary, str] | int | None
     if args.from_topics:
         topics = (settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic)
         found = _rescore_topics(args, settings, rescorer, None, quiet, report, topics)

@@ -147,7 +147,7 @@ async def replay(
         bounds = {p: await _bounds(iterate, scope, p) for p in partitions}
         total = None
         if all(end is not None for _, end, _ in bounds.values()):
-            total = sum(max(0, end - start) for start, end, _ in bounds.values())  # type: ignore[operator]
+            total = sum(max(0, end - start) for start, end, _ in bounds.values() if end is not None)
         if on_progress:
             on_progress(0, total)
         for partition, (start, end, end_time) in bounds.items():

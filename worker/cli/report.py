@@ -228,7 +228,7 @@ def render_html(
     scored = report.rescored
     accepted = sum(d.accepted for d in report.by_domain.values())
     overall = report.curve()
-    summary_rows = [
+    summary_rows: list[list[Any]] = [
         ["records read", report.records],
         ["scored", scored],
         ["accepted at the configured thresholds", f"{accepted} ({_percent(accepted, scored)})"],

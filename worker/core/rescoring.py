@@ -154,7 +154,7 @@ class Rescorer:
         dimensions = score.get("dimensions")
         if type(dimensions) is not dict:
             raise _Missing("score.dimensions")
-        recorded_dimensions = (
+        recorded_dimensions: tuple[Any, ...] = (
             dimensions.get("complexity"),
             dimensions.get("novelty"),
             dimensions.get("tool_diversity"),
@@ -166,7 +166,7 @@ class Rescorer:
         novelty_source = _NOVELTY_SOURCES.get(score.get("novelty_source"))  # type: ignore[arg-type]
         if novelty_source is None:
             raise _Missing("score.novelty_source")
-        before_score = score.get("score")
+        before_score: Any = score.get("score")
         if type(before_score) not in _NUMBERS:
             raise _Missing("score.score")
         before = _DECISIONS.get(score.get("decision"))  # type: ignore[arg-type]

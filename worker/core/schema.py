@@ -49,7 +49,7 @@ def _describe(error: jsonschema_rs.ValidationError) -> str:
     if rule == "required":
         return f"{where}: missing required field {expected!r}"
     if rule == "enum":
-        return f"{where}: {snippet(got)} is not one of {', '.join(map(str, expected))}"
+        return f"{where}: {snippet(got)} is not one of {', '.join(map(str, expected or ()))}"
     if rule == "const":
         return f"{where}: expected {expected!r}, got {snippet(got)}"
     if rule in ("minimum", "maximum"):

@@ -27,7 +27,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from worker.core.records import RoutedRecord
 
@@ -63,11 +63,11 @@ class Checkpoint:
         self._tasks: set[asyncio.Future[None]] = set()
 
     # -- in flight ---------------------------------------------------------------------------
-    def entered(self, tp: TopicPartition, published: asyncio.Future[object]) -> None:
+    def entered(self, tp: TopicPartition, published: asyncio.Future[Any]) -> None:
         """A record of ``tp`` is in flight until ``published`` is done (published or not)."""
         self._in_flight[tp].add(published)
 
-    def left(self, tp: TopicPartition, published: asyncio.Future[object]) -> None:
+    def left(self, tp: TopicPartition, published: asyncio.Future[Any]) -> None:
         self._in_flight[tp].discard(published)
 
     def in_flight(self) -> int:

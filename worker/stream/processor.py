@@ -13,6 +13,7 @@ state, to :mod:`worker.stream.partitions`; what a failure means, to
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import defaultdict
@@ -146,7 +147,7 @@ class StreamScorer:
             self.checkpoint.entered(job.record.topic_partition, job.published)
             task = self.checkpoint.spawn(self._run(job))
             # A job cancelled before its first step never runs its own cleanup.
-            task.add_done_callback(lambda _, job=job: self._settle(job))
+            task.add_done_callback(functools.partial(self._settle_done, job))
         return [job.published for job in jobs]
 
     async def process(
@@ -242,6 +243,9 @@ class StreamScorer:
                 self.failures.processing_failed(job.record, exc)
         finally:
             self._settle(job)
+
+    def _settle_done(self, job: _Job, _task: asyncio.Future[None]) -> None:
+        self._settle(job)
 
     def _settle(self, job: _Job) -> None:
         """Give the job's slot back, once: it is published, dropped or abandoned."""

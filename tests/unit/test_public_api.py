@@ -1,0 +1,334 @@
+"""The public Python API (``from worker import ...``), tested as a caller uses it.
+
+Only the public names are imported here: what these tests need is what a caller has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+import worker
+import worker.api
+from worker import (
+    DeadLetter,
+    Decision,
+    NotRescored,
+    ScoredTrace,
+    SettingsError,
+    TraceScorer,
+    load_settings,
+    rescore_output,
+)
+
+from support.paths import EXAMPLES, REPO
+from support.traces import code_review_example, make_trace
+
+# The public surface. A name added to ``__all__`` must be added here on purpose (it is then
+# public, documented and kept); a name that disappears breaks callers.
+PUBLIC = [
+    "DeadLetter",
+    "Decision",
+    "Dimensions",
+    "NotRescored",
+    "Partition",
+    "ScoreResult",
+    "ScoredTrace",
+    "Settings",
+    "SettingsError",
+    "TraceInput",
+    "TraceScorer",
+    "load_settings",
+    "rescore_output",
+]
+
+
+@pytest.fixture(autouse=True)
+def isolated(isolated_settings: None) -> None:
+    """Every test here runs with settings isolated from the environment."""
+
+
+@pytest.fixture(scope="module")
+def scorer() -> Iterator[TraceScorer]:
+    with TraceScorer(load_settings({})) as scorer:
+        assert scorer.embedder_available, scorer.embedder_reason
+        yield scorer
+
+
+@pytest.fixture(scope="module")
+def no_model() -> Iterator[TraceScorer]:
+    with TraceScorer(load_settings({}), use_embedder=False) as scorer:
+        yield scorer
+
+
+def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KP_") and k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args, "--quiet"],
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=False,
+        cwd=cwd,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    return result
+
+
+BAD_LINES = [
+    b'{"@type": "ReasoningTrace", oops',
+    orjson.dumps(make_trace(steps=[])),
+    b"",
+    b'{"a": 1, "a": 2}',
+    b"[1, 2]",
+]
+
+
+@pytest.fixture(scope="module")
+def scored_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[bytes]]:
+    """The sample traces with bad lines among them, and what `kp-scorer score` wrote."""
+    path = tmp_path_factory.mktemp("api") / "traces.jsonl"
+    lines = EXAMPLES.read_bytes().splitlines()
+    lines[3:3] = BAD_LINES
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path, cli("score", str(path)).stdout.splitlines()
+
+
+def test_the_surface_is_the_documented_list() -> None:
+    assert sorted(worker.api.__all__) == sorted(PUBLIC)
+    assert sorted(worker.__all__) == sorted([*PUBLIC, "__version__"])
+    for name in PUBLIC:
+        assert getattr(worker, name) is getattr(worker.api, name), name
+    with pytest.raises(AttributeError):
+        worker.Scorer  # noqa: B018  (an internal name is not reachable from the package)
+
+
+def test_scores_equal_kp_scorer_score_byte_for_byte(
+    scorer: TraceScorer, scored_file: tuple[Path, list[bytes]]
+) -> None:
+    path, written = scored_file
+    lines = path.read_bytes().splitlines()
+    batch = scorer.score_many(lines, scorer.partition(str(path)))
+    one_by_one_partition = scorer.partition(str(path))
+    one_by_one = [scorer.score(line, one_by_one_partition) for line in lines]
+    assert batch == one_by_one
+    assert len(batch) == len(written) == 55
+    kinds = []
+    for number, (result, line) in enumerate(zip(batch, written, strict=True), start=1):
+        output = orjson.loads(line)
+        if isinstance(result, DeadLetter):
+            assert output == {
+                "line": number,
+                "error": {"kind": result.kind, "reason": result.reason},
+            }
+            kinds.append(result.kind)
+            continue
+        assert result.value == line  # the exact line `score` writes
+        score = output["score"]
+        assert (result.score, result.decision, result.threshold) == (
+            score["score"],
+            score["decision"],
+            score["threshold"],
+        )
+        assert (result.profile, result.novelty_source, list(result.overrides)) == (
+            score["profile"],
+            score["novelty_source"],
+            score["overrides"],
+        )
+        assert result.dimensions.novelty == score["dimensions"]["novelty"]
+        assert result.domain == output["trace"]["metadata"]["task_domain"]
+    assert kinds == ["invalid_json", "schema", "empty", "duplicate_key", "not_object"]
+    sources = {r.novelty_source for r in batch if isinstance(r, ScoredTrace)}
+    assert sources == {"empty_cache", "embedding"}  # novelty was measured, not a stand-in
+
+
+@pytest.mark.parametrize(
+    ("trace", "kind"),
+    [
+        (b"", "empty"),
+        ("not json", "invalid_json"),
+        (b'{"x": "\xff"}', "invalid_encoding"),
+        ('{"x": "\ud800"}', "invalid_encoding"),
+        ({"steps": {1: 2}}, "invalid_json"),
+        ({"@type": "ReasoningTrace"}, "schema"),
+        (make_trace(steps=[]), "schema"),
+        (b'{"a": 1, "a": 2}', "duplicate_key"),
+        (b"[]", "not_object"),
+        (b"[" * 200_000, "too_large"),  # over KP_MAX_JSON_CONTAINERS
+        (b"x" * 1_100_000, "too_large"),  # over KP_MAX_MESSAGE_BYTES
+    ],
+)
+def test_bad_input_is_a_dead_letter_never_an_exception(
+    no_model: TraceScorer, trace: Any, kind: str
+) -> None:
+    partition = no_model.partition()
+    result = no_model.score(trace, partition)
+    assert isinstance(result, DeadLetter)
+    assert (result.kind, result.decision, result.accepted) == (kind, Decision.DEAD_LETTER, False)
+    assert result.reason
+    # The partition goes on: the next good trace is scored, at the next offset.
+    after = no_model.score(code_review_example(), partition)
+    assert isinstance(after, ScoredTrace)
+    assert orjson.loads(after.value)["source"]["offset"] == 1
+
+
+def test_not_a_trace_type_is_a_type_error(no_model: TraceScorer) -> None:
+    with pytest.raises(TypeError, match="bytes, str or a mapping"):
+        no_model.score(42, no_model.partition())  # type: ignore[arg-type]
+
+
+def test_partitions_do_not_share_novelty(scorer: TraceScorer) -> None:
+    trace = code_review_example()
+    first, second = scorer.partition(), scorer.partition()
+    seen = [scorer.score(trace, first), scorer.score(trace, first), scorer.score(trace, second)]
+    assert all(isinstance(r, ScoredTrace) for r in seen)
+    sources = [(r.novelty_source, r.dimensions.novelty) for r in seen]  # type: ignore[union-attr]
+    assert sources == [("empty_cache", 0.5), ("embedding", 0.0), ("empty_cache", 0.5)]
+    assert (len(first), len(second)) == (2, 1)
+    with TraceScorer(load_settings({}), use_embedder=False) as other, pytest.raises(ValueError):
+        other.score(trace, first)
+
+
+def test_event_time_is_what_the_ttl_measures(no_model: TraceScorer) -> None:
+    with TraceScorer(load_settings({"KP_CACHE_TTL_SECONDS": "1"})) as scorer:
+        partition = scorer.partition()
+        trace = code_review_example()
+        results = scorer.score_many([trace, trace, trace], partition, event_times_ms=[0, 900, 5000])
+    sources = [r.novelty_source for r in results if isinstance(r, ScoredTrace)]
+    assert sources == ["empty_cache", "embedding", "empty_cache"]  # 4.1 s later: expired
+
+
+def test_rescoring_equals_kp_scorer_rescore(scored_file: tuple[Path, list[bytes]]) -> None:
+    path, written = scored_file
+    outputs = path.with_name("scored.jsonl")
+    outputs.write_bytes(b"\n".join(written) + b"\n")
+    args = ("--threshold", "0.6", "--domain-threshold", "finance=0.9")
+    rescored = cli("rescore", str(outputs), *args).stdout.splitlines()
+    settings = load_settings({})
+    for line, expected in zip(written, rescored, strict=True):
+        result = rescore_output(
+            line, settings=settings, threshold=0.6, domain_thresholds={"finance": 0.9}
+        )
+        if orjson.loads(line).keys() == {"line", "error"}:  # a dead letter: passed through
+            assert isinstance(result, NotRescored)
+            assert expected == line
+            continue
+        assert isinstance(result, ScoredTrace)
+        assert result.value == expected
+        assert result.threshold == (0.9 if result.domain == "finance" else 0.6)
+        assert (
+            rescore_output(
+                orjson.loads(line),
+                settings=settings,
+                threshold=0.6,
+                domain_thresholds={"finance": 0.9},
+            )
+            == result
+        )
+    not_output = rescore_output(b"not json")
+    assert isinstance(not_output, NotRescored)
+    assert not_output.reason == "not_an_output"
+    with pytest.raises(SettingsError, match="threshold"):
+        rescore_output(written[0], threshold=1.5)
+
+
+def test_settings_from_a_mapping_validate_as_the_worker_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    bad = {"KP_ACCEPT_THRESHOLD": "2", "KP_DOMAIN_THRESHOLDS": "not json"}
+    for name, value in bad.items():
+        with pytest.raises(SettingsError) as from_mapping:
+            load_settings({name: value})
+        monkeypatch.setenv(name, value)
+        with pytest.raises(SettingsError) as from_environment:
+            load_settings()
+        monkeypatch.delenv(name)
+        assert str(from_mapping.value) == str(from_environment.value)
+        assert name in str(from_mapping.value)
+    # The worker's own message, as `kp-scorer settings` prints it.
+    env = {**os.environ, "KP_ACCEPT_THRESHOLD": "2"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "settings"],
+        capture_output=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"KP_ACCEPT_THRESHOLD": "2"})
+    assert shown.returncode == 2
+    assert str(caught.value).splitlines()[-1].strip() in shown.stderr.decode()
+
+    monkeypatch.setenv("KP_ACCEPT_THRESHOLD", "0.3")
+    assert load_settings().accept_threshold == 0.3
+    assert load_settings({}).accept_threshold == 0.75  # a mapping is all that is read
+    assert load_settings({"kp_accept_threshold": "0.4"}).accept_threshold == 0.4
+    assert load_settings({}, accept_threshold=0.6).accept_threshold == 0.6
+    with pytest.raises(SettingsError, match="KP_EMBED_ENGINE"):
+        load_settings({"KP_EMBED_ENGINE": "int8"})
+
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text('{"finance": {"complexity": 1}}')
+    with pytest.raises(SettingsError, match="KP_PROFILES_FILE"):
+        TraceScorer(load_settings({"KP_PROFILES_FILE": str(profiles)}), use_embedder=False)
+
+
+def _readme_example() -> tuple[str, str]:
+    section = (REPO / "README.md").read_text().split("\n## Python API\n", 1)[1].split("\n## ")[0]
+    blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+    code = next(text for lang, text in blocks if lang == "python")
+    printed = next(text for lang, text in blocks if lang == "text")
+    return code, printed
+
+
+def test_readme_example_prints_what_the_readme_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, printed = _readme_example()
+    monkeypatch.chdir(REPO)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    assert out.getvalue() == printed
+
+
+def test_readme_example_type_checks_strictly(tmp_path: Path) -> None:
+    """The API is typed for its callers: the example passes ``mypy --strict``."""
+    code, _ = _readme_example()
+    example = tmp_path / "example.py"
+    example.write_text(code)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--follow-imports=silent",
+            "--config-file",
+            str(REPO / "pyproject.toml"),
+            str(example),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_package_says_it_is_typed() -> None:
+    assert (Path(worker.__file__).parent / "py.typed").is_file()
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["worker"]

@@ -1,0 +1,322 @@
+"""The Python API: score traces in-process exactly as the worker does, and re-score outputs.
+
+An agent framework can score a trace before it publishes it, with the scores the worker
+would give: the same decoder, schema, model, novelty cache, profiles and thresholds
+(``worker.core``), behind a few typed names. Everything else in the package is internal.
+
+Novelty depends on the traces scored before in the same partition, in order, as it does in
+the worker: a :class:`Partition` is one partition's cache, owned by the caller. Two
+partitions share nothing; scoring a partition's traces one by one or as a batch gives the
+same scores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, TypeAlias
+
+import orjson
+
+from worker.cli.score import LineRecords
+from worker.core.cache import PartitionCaches
+from worker.core.errors import InvalidJsonError
+from worker.core.records import Decision, RoutedRecord, SourceRecord
+from worker.core.rescoring import NotRescored, Rescored, Rescorer
+from worker.core.scorer import Scorer, build_scorer
+from worker.core.scoring import Dimensions, ProfileError, ScoreBreakdown, load_profiles
+from worker.settings import Settings, SettingsError
+from worker.settings import load_settings as _load_settings
+
+__all__ = [
+    "DeadLetter",
+    "Decision",
+    "Dimensions",
+    "NotRescored",
+    "Partition",
+    "ScoreResult",
+    "ScoredTrace",
+    "Settings",
+    "SettingsError",
+    "TraceInput",
+    "TraceScorer",
+    "load_settings",
+    "rescore_output",
+]
+
+# One trace as a producer would publish it: its bytes, its JSON text, or the decoded object.
+TraceInput: TypeAlias = bytes | bytearray | memoryview | str | Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScoredTrace:
+    """An accepted or rejected trace: its score, how it was reached, and the output record.
+
+    ``value`` is the record the worker publishes to the accepted or rejected topic (the
+    scored-trace envelope, ``schemas/scored-trace.schema.json``), byte for byte; it is also
+    the line ``kp-scorer score`` writes for the trace.
+    """
+
+    decision: Decision
+    score: float
+    threshold: float
+    domain: str
+    profile: str
+    dimensions: Dimensions
+    composite: float
+    overrides: tuple[str, ...]
+    novelty_source: str
+    value: bytes = dataclasses.field(repr=False)
+
+    @property
+    def accepted(self) -> bool:
+        return self.decision is Decision.ACCEPTED
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Input that cannot be scored, and why: ``kind`` is the stable name the dead-letter
+    topic's ``kp-error-kind`` header carries, ``reason`` the one line a producer can act on.
+    ``value`` is the input as the worker would keep it (None where it keeps none)."""
+
+    kind: str
+    reason: str
+    value: bytes | None = dataclasses.field(repr=False)
+
+    @property
+    def decision(self) -> Decision:
+        return Decision.DEAD_LETTER
+
+    @property
+    def accepted(self) -> bool:
+        return False
+
+
+ScoreResult: TypeAlias = ScoredTrace | DeadLetter
+
+
+def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Settings from ``environ`` (the process environment when None), then ``overrides``
+    by field name (``accept_threshold=0.7``): the worker's settings, validated the same way.
+
+    Raises :class:`SettingsError` naming each bad variable, as the worker does at start-up.
+    """
+    return _load_settings(None, environ=environ, **overrides)
+
+
+def _scored(
+    decision: Decision, breakdown: ScoreBreakdown, value: bytes, threshold: float, domain: str
+) -> ScoredTrace:
+    return ScoredTrace(
+        decision=decision,
+        score=breakdown.score,
+        threshold=threshold,
+        domain=domain,
+        profile=breakdown.profile.name,
+        dimensions=breakdown.dimensions,
+        composite=breakdown.composite,
+        overrides=tuple(str(override) for override in breakdown.overrides),
+        novelty_source=str(breakdown.novelty_source),
+        value=value,
+    )
+
+
+class Partition:
+    """One partition's novelty cache and its next offset, owned by the caller.
+
+    Made by :meth:`TraceScorer.partition`. Each trace scored in it is compared with the
+    traces scored in it before (up to ``KP_CACHE_CAPACITY``, within ``KP_CACHE_TTL_SECONDS``
+    of event time) and then joins them, as consecutive records of one Kafka partition do.
+    ``topic`` and ``number`` are what the output's ``source`` names. One thread at a time
+    may score in a partition (its order is the scores' order); partitions are independent.
+    """
+
+    def __init__(self, owner: TraceScorer, core: Scorer, topic: str, number: int) -> None:
+        self._owner = owner
+        self._core = core
+        self.topic = topic
+        self.number = number
+        self.next_offset = 0
+
+    def __len__(self) -> int:
+        """Traces held in the cache (a model-less scorer keeps none)."""
+        return self._core.cache_size((self.topic, self.number)) or 0
+
+    def _record(self, trace: TraceInput, event_time_ms: int | None) -> SourceRecord | DeadLetter:
+        if isinstance(trace, bytes | bytearray | memoryview):
+            value = bytes(trace)
+        elif isinstance(trace, str):
+            # A lone surrogate becomes bytes that are not UTF-8: dead-lettered, as on the wire.
+            value = trace.encode("utf-8", "surrogatepass")
+        elif isinstance(trace, Mapping):
+            try:
+                value = orjson.dumps(dict(trace))
+            except orjson.JSONEncodeError as exc:
+                error = InvalidJsonError(f"the trace cannot be written as JSON: {exc}")
+                return DeadLetter(kind=error.kind, reason=error.reason, value=None)
+        else:
+            raise TypeError(f"a trace is bytes, str or a mapping, not {type(trace).__name__}")
+        # Event time as `kp-scorer score` reads it (metadata.created_at), unless given.
+        record = LineRecords(self.topic, None).record(self.next_offset, value)
+        return dataclasses.replace(
+            record,
+            partition=self.number,
+            timestamp_ms=record.timestamp_ms if event_time_ms is None else event_time_ms,
+        )
+
+    def _score(
+        self, traces: Iterable[TraceInput], event_times_ms: Iterable[int | None]
+    ) -> list[ScoreResult]:
+        results: list[ScoreResult | None] = []
+        records: list[SourceRecord] = []
+        positions: list[int] = []
+        for trace, event_time_ms in zip(traces, event_times_ms, strict=True):
+            item = self._record(trace, event_time_ms)
+            self.next_offset += 1
+            if isinstance(item, DeadLetter):
+                results.append(item)
+            else:
+                positions.append(len(results))
+                results.append(None)
+                records.append(item)
+        if records:
+            routed = self._core.score_batch(records).routed
+            for position, output in zip(positions, routed, strict=True):
+                results[position] = self._result(output)
+        return [result for result in results if result is not None]
+
+    def _result(self, routed: RoutedRecord) -> ScoreResult:
+        if routed.error is not None or routed.breakdown is None or routed.value is None:
+            kind = routed.error.kind if routed.error else "internal"
+            reason = routed.error.reason if routed.error else "no score"
+            return DeadLetter(kind=kind, reason=reason, value=routed.value)
+        # Domain and threshold as the published envelope states them.
+        envelope = orjson.loads(routed.value)
+        domain = envelope["trace"]["metadata"]["task_domain"]
+        threshold = envelope["score"]["threshold"]
+        return _scored(routed.decision, routed.breakdown, routed.value, threshold, domain)
+
+
+class TraceScorer:
+    """The worker's scorer in-process: the model, profiles and thresholds the settings name.
+
+    Loads the embedding model once (``use_embedder=False``: novelty 0.5, as ``--no-embedder``);
+    :meth:`close` (or ``with``) stops its threads. A bad setting or profile file raises
+    :class:`SettingsError`. Bad input never raises: it gives a :class:`DeadLetter`.
+    """
+
+    def __init__(self, settings: Settings | None = None, *, use_embedder: bool = True) -> None:
+        self.settings = load_settings() if settings is None else settings
+        try:
+            load_profiles(self.settings.profiles_file)
+        except ProfileError as exc:
+            raise SettingsError(f"invalid configuration:\n  KP_PROFILES_FILE: {exc}") from None
+        self._core = build_scorer(self.settings, use_embedder=use_embedder)
+
+    @property
+    def embedder_available(self) -> bool:
+        """Whether novelty is measured (False: every trace gets the 0.5 stand-in)."""
+        return self._core.has_embedder
+
+    @property
+    def embedder_reason(self) -> str | None:
+        """Why there is no model, when there is none."""
+        return None if self._core.has_embedder else self._core.embedder_reason
+
+    def partition(self, topic: str = "api", number: int = 0) -> Partition:
+        """A new, empty partition: its own novelty cache, its offsets from 0."""
+        core = self._core
+        caches = PartitionCaches(core.caches.capacity, core.caches.dimensions, core.caches.ttl_ms)
+        scorer = Scorer(
+            profiles=core.profiles,
+            thresholds=core.thresholds,
+            caches=caches,
+            embedder=core.embedder,
+            max_message_bytes=core.max_message_bytes,
+            embedder_reason=core.embedder_reason,
+            max_output_bytes=core.max_output_bytes,
+            max_json_containers=core.max_json_containers,
+            failures=core.failures,
+        )
+        return Partition(self, scorer, topic, number)
+
+    def score(
+        self, trace: TraceInput, partition: Partition, *, event_time_ms: int | None = None
+    ) -> ScoreResult:
+        """Score one trace in ``partition`` (which it then joins). ``event_time_ms`` is the
+        record timestamp the cache's TTL measures; by default ``metadata.created_at``."""
+        return self._own(partition)._score([trace], [event_time_ms])[0]
+
+    def score_many(
+        self,
+        traces: Iterable[TraceInput],
+        partition: Partition,
+        *,
+        event_times_ms: Iterable[int] | None = None,
+    ) -> list[ScoreResult]:
+        """Score traces in order in ``partition``, in one batch: the same results as scoring
+        them one at a time."""
+        items = list(traces)
+        times: list[int | None] = [None] * len(items)
+        if event_times_ms is not None:
+            times = list(event_times_ms)  # type: ignore[arg-type]  # int is int | None
+        return self._own(partition)._score(items, times)
+
+    def _own(self, partition: Partition) -> Partition:
+        if partition._owner is not self:
+            raise ValueError("the partition belongs to another TraceScorer")
+        return partition
+
+    def close(self) -> None:
+        """Stop the model's threads."""
+        self._core.close()
+
+    def __enter__(self) -> TraceScorer:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def rescore_output(
+    recorded: bytes | str | Mapping[str, Any],
+    *,
+    settings: Settings | None = None,
+    threshold: float | None = None,
+    domain_thresholds: Mapping[str, float] | None = None,
+) -> ScoredTrace | NotRescored:
+    """Re-score a recorded output (an accepted or rejected record, or a ``score`` line) with
+    the settings' profiles and thresholds, ``threshold`` and ``domain_thresholds`` over them,
+    from its recorded novelty (no model): what ``kp-scorer rescore`` writes for it.
+
+    A record that cannot be re-scored gives :class:`NotRescored` with the reason.
+    """
+    settings = load_settings() if settings is None else settings
+    given = {"threshold": threshold}
+    given.update((f"domain threshold {d!r}", t) for d, t in (domain_thresholds or {}).items())
+    for name, value in given.items():
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise SettingsError(f"invalid configuration:\n  {name}: {value} is not in [0, 1]")
+    rescorer = Rescorer(
+        load_profiles(settings.profiles_file),
+        settings.accept_threshold if threshold is None else threshold,
+        {**settings.domain_thresholds, **(domain_thresholds or {})},
+    )
+    if isinstance(recorded, Mapping):
+        result = rescorer.rescore(dict(recorded))
+    else:
+        raw = recorded.encode("utf-8", "surrogatepass") if isinstance(recorded, str) else recorded
+        result = rescorer.rescore_value(raw)
+    if isinstance(result, NotRescored):
+        return result
+    return _rescored(result)
+
+
+def _rescored(result: Rescored) -> ScoredTrace:
+    return _scored(result.decision, result.breakdown, result.value, result.threshold, result.domain)
