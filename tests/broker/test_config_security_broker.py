@@ -85,7 +85,7 @@ def test_producer_idempotence_auto_falls_back_and_on_refuses_a_broker_without_it
     kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Whether the broker grants producer ids decides "auto"; "on" never publishes without."""
-    from worker.io.kafka import KafkaError, Publisher
+    from worker.io.publisher import KafkaError, Publisher
     from worker.settings import load_settings
 
     async def start(mode: str) -> bool:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from worker.io.app import ScorerApp
-from worker.io.kafka import Publisher
+from worker.io.publisher import Publisher
 from worker.settings import SettingsError, load_settings
 
 

@@ -35,7 +35,8 @@ from rich.console import Console
 from worker.cli import demo
 from worker.cli import main as cli
 from worker.dev.process import free_loopback_port
-from worker.io.kafka import COMMAND_GIVE_UP_SECONDS, PartitionLogReader, Publisher
+from worker.io.kafka import COMMAND_GIVE_UP_SECONDS, PartitionLogReader
+from worker.io.publisher import Publisher
 from worker.settings import Settings, load_settings, unknown_variables
 
 from support.paths import REPO

@@ -288,7 +288,9 @@ def test_a_library_warning_during_a_human_command_is_a_plain_line(
     logging.getLogger("aiokafka.conn").warning("Unable connect to %r", "broker:9092")
     err = capsys.readouterr().err
     assert err == "aiokafka warning: Unable connect to 'broker:9092'\n"
-    logging.getLogger("worker.io.kafka").warning("publish failed, retrying", extra={"failed": 3})
+    logging.getLogger("worker.io.publisher").warning(
+        "publish failed, retrying", extra={"failed": 3}
+    )
     assert capsys.readouterr().err == "kp-scorer warning: publish failed, retrying (failed=3)\n"
 
 

@@ -14,7 +14,7 @@ from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from worker.core.errors import EmptyMessageError
 from worker.core.output import KEY_NULL_HEADER, dead_letter, without_value
 from worker.core.records import Decision, RoutedRecord, SourceRecord
-from worker.io.kafka import Publisher
+from worker.io.publisher import Publisher
 from worker.settings import load_settings
 
 from support.traces import trace_bytes

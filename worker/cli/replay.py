@@ -21,13 +21,8 @@ import orjson
 from worker.core.output import output_topics, prefixed_topics
 from worker.core.records import Decision, RoutedRecord
 from worker.core.scorer import Scorer
-from worker.io.kafka import (
-    COMMAND_GIVE_UP_SECONDS,
-    PartitionLogReader,
-    Publisher,
-    create_topics,
-    stop_all,
-)
+from worker.io.kafka import COMMAND_GIVE_UP_SECONDS, PartitionLogReader, create_topics, stop_all
+from worker.io.publisher import Publisher
 from worker.settings import Settings
 from worker.stream.processor import StreamScorer
 

@@ -166,10 +166,10 @@ async def rescore_topics(
     from worker.io.kafka import (
         COMMAND_GIVE_UP_SECONDS,
         PartitionLogReader,
-        Publisher,
         create_topics,
         stop_all,
     )
+    from worker.io.publisher import Publisher
 
     reader = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     publisher: Publisher | None = None

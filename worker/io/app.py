@@ -29,8 +29,9 @@ from worker.core.records import SourceRecord
 from worker.core.scorer import build_scorer
 from worker.embedding import Embedder
 from worker.io import http
-from worker.io.kafka import PartitionLogReader, Publisher, ensure_topics
+from worker.io.kafka import PartitionLogReader, ensure_topics
 from worker.io.library_overrides import ScorerTransport
+from worker.io.publisher import Publisher
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
 from worker.logs import logging_config
 from worker.memory import release_freed_memory
