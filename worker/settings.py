@@ -117,10 +117,11 @@ class Settings(BaseSettings):
     # it where the broker grants producer ids (Apache Kafka does; the embedded demo broker does
     # not) and logs one warning otherwise; "on" refuses to start without it.
     producer_idempotence: Literal["auto", "on", "off"] = "auto"
-    # Codec of every batch the worker publishes. lz4 by default: it took the sample outputs
-    # (JSON carrying the input trace) to 1/1.55 of their size for ~14 us a record, and every
-    # broker and client reads it; zstd (2.1x, ~25 us) needs brokers from Kafka 2.1 on.
-    compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
+    # Codec of every batch the worker publishes. None by default: lz4 took the sample outputs
+    # to 1/1.55 of their size but cost the worker ~7 % of its backlog rate on 2 cores (worker /
+    # concurrent ceiling 0.815-0.827 against 0.890-0.897 uncompressed, `bench/worker_throughput.py
+    # --env KP_COMPRESSION_TYPE=...`, alternating); zstd (2.1x) needs brokers from Kafka 2.1 on.
+    compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None

@@ -17,13 +17,14 @@ def isolated(isolated_settings: None) -> None:
     """Every test here runs with settings isolated from the environment."""
 
 
-def test_the_default_codec_is_lz4() -> None:
+def test_outputs_are_uncompressed_by_default() -> None:
     settings = load_settings()
-    assert settings.compression_type == "lz4" and settings.producer_compression == "lz4"
+    assert settings.compression_type == "none" and settings.producer_compression is None
 
 
 @pytest.mark.parametrize(
-    ("value", "codec"), [("none", None), ("GZIP", "gzip"), (" zstd ", "zstd"), ("snappy", "snappy")]
+    ("value", "codec"),
+    [("none", None), ("GZIP", "gzip"), (" zstd ", "zstd"), ("snappy", "snappy"), ("lz4", "lz4")],
 )
 def test_every_producer_uses_the_chosen_codec(
     monkeypatch: pytest.MonkeyPatch, value: str, codec: str | None
