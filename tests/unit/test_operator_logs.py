@@ -28,9 +28,8 @@ import orjson
 import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 
-from worker.core.errors import error_line
 from worker.dev.process import free_loopback_port
-from worker.logs import logging_config
+from worker.logs import error_line, logging_config
 from worker.stream.connectivity import BrokerHealth
 
 from support.paths import REPO

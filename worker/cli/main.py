@@ -25,14 +25,13 @@ from rich.progress import (
 )
 
 from worker import __version__
-from worker.core.errors import error_line
-from worker.logs import configure_logging
+from worker.logs import configure_logging, error_line
 from worker.memory import keep_large_blocks_mapped
 from worker.settings import (
     UNSET_MEANS,
     Settings,
     SettingsError,
-    in_use,
+    by_variable,
     load_settings,
     unknown_variables,
 )
@@ -653,11 +652,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _in_use(settings: Settings) -> dict[str, object]:
+    """The settings by variable name, with what is resolved at start-up filled in (the model
+    file and hash the worker loads, its model threads): an operator asking "which model, how
+    many threads?" gets the answer, not ``None``."""
+    from worker.embedding.files import packaged_model
+
+    values = by_variable(settings)
+    values["KP_EMBED_CONCURRENCY"] = settings.resolved_embed_concurrency
+    packaged = packaged_model() if settings.model_path is None else None
+    if packaged is not None:  # none installed: no model is in use
+        values["KP_MODEL_PATH"] = packaged.path
+        values["KP_MODEL_SHA256"] = settings.model_sha256 or packaged.sha256
+    return values
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     import orjson
 
     settings = _checked_settings()  # a broken profiles file is a broken configuration too
-    values = in_use(settings)
+    values = _in_use(settings)
     if args.json:
         sys.stdout.write(orjson.dumps(values, default=str, option=orjson.OPT_INDENT_2).decode())
         sys.stdout.write("\n")

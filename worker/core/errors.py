@@ -17,18 +17,6 @@ def snippet(value: object) -> str:
     return text if len(text) <= _SNIPPET_CHARS else text[: _SNIPPET_CHARS - 3] + "..."
 
 
-def error_line(exc: BaseException, limit: int = 300) -> str:
-    """``ClassName: message`` on one line, the class named once: aiokafka's errors already
-    begin their ``str()`` with it (``KafkaConnectionError: Unable to bootstrap ...``), and
-    prefixing it again would write it twice."""
-    name = type(exc).__name__
-    text = " ".join(str(exc).split())
-    if not text or text == name:
-        return name
-    line = text if text.startswith(f"{name}: ") else f"{name}: {text}"
-    return line[:limit]
-
-
 class TraceError(Exception):
     """Input that cannot be scored: ``kind`` is stable (metrics, headers), ``reason`` for people."""
 

@@ -22,7 +22,6 @@ from aiokafka.errors import KafkaError
 from faust.types import TP, TransportT
 
 from worker import __version__
-from worker.core.errors import error_line
 from worker.core.failures import FailurePolicy
 from worker.core.output import output_topics
 from worker.core.records import SourceRecord
@@ -33,7 +32,7 @@ from worker.io.kafka import PartitionLogReader, ensure_topics
 from worker.io.library_overrides import ScorerTransport
 from worker.io.publisher import Publisher
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
-from worker.logs import logging_config
+from worker.logs import error_line, logging_config
 from worker.memory import release_freed_memory
 from worker.retry import backoff
 from worker.settings import Settings, load_settings

@@ -21,10 +21,10 @@ from aiokafka.errors import (
     UnsupportedVersionError,
 )
 
-from worker.core.errors import error_line
 from worker.core.output import is_refused_form, output_topics, refused, without_value
 from worker.core.records import Decision, RoutedRecord
 from worker.io.kafka import client_config, stop_client
+from worker.logs import error_line
 from worker.retry import backoff
 from worker.settings import Settings
 from worker.stream.observer import MetricsObserver

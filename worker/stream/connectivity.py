@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from worker.core.errors import error_line
+from worker.logs import error_line
 
 log = logging.getLogger(__name__)
 
