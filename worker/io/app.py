@@ -157,11 +157,10 @@ class ScorerApp(faust.App):
         observer = self.observer
         observer.watch()
         # Probes get answers from the start: alive while loading, ready once scoring can begin.
-        listener = self.metrics_listener
-        if listener is None and settings.metrics_port:
-            listener = http.listen(settings.metrics_port)
-        if listener is not None:
-            self._http = http.OpsServer(listener, observer.health).start()
+        if self.metrics_listener is not None:
+            self._http = http.OpsServer(self.metrics_listener, observer.health).start()
+        else:
+            self._http = http.serve(settings.metrics_port, observer.health)
         self._ticker = asyncio.ensure_future(_tick(observer))
         self._trimmer = asyncio.ensure_future(_trim_memory())
         await _wait_for_kafka(settings, observer, self.failures)
