@@ -16,6 +16,8 @@ import worker  # noqa: F401  (sets OPENBLAS_NUM_THREADS=1 before numpy loads, as
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from worker.stream.timing import STAGES
+
 BUDGET_SECONDS = 0.1
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -82,16 +84,13 @@ def histogram(samples: Samples, name: str, **labels: str) -> Histogram:
     )
 
 
-STAGES = ("decode", "embed", "novelty", "score", "publish")
-
-
 def pipeline_lines(samples: Samples, span: float | None = None) -> list[str]:
     """Pipeline depth, reused vectors, split model runs and per-stage times from /metrics deltas.
 
     Every record is its own pipeline and stages of different records overlap, so a stage's
     total ("busy s", summed over records) exceeds the span when records overlap in it;
     "x span" is that total over the span, i.e. how many records were in the stage on average.
-    "embed" includes waiting for a free model run.
+    Waits are stages of their own: "embed" is the model run, "embed_wait" the wait for it.
     """
     entered = value(samples, "kp_batch_size_count")
     depth = value(samples, "kp_batch_size_sum") / entered if entered else 0.0
@@ -101,14 +100,14 @@ def pipeline_lines(samples: Samples, span: float | None = None) -> list[str]:
         f"  records {entered:.0f}, mean pipeline depth {depth:.2f} (records in the pipeline "
         f"when one enters, itself included), embeddings reused {reused:.0f}, model runs "
         f"split {split:.0f}",
-        f"  {'stage':<8} {'ms/trace':>9} {'busy s':>8}" + (f" {'x span':>7}" if span else ""),
+        f"  {'stage':<11} {'ms/trace':>9} {'busy s':>8}" + (f" {'x span':>7}" if span else ""),
     ]
     for stage in STAGES:
         total = value(samples, "kp_stage_latency_seconds_sum", stage=stage)
         count = value(samples, "kp_stage_latency_seconds_count", stage=stage)
         mean_ms = total / count * 1000 if count else 0.0
         share = f" {total / span:7.2f}" if span else ""
-        lines.append(f"  {stage:<8} {mean_ms:9.2f} {total:8.2f}{share}")
+        lines.append(f"  {stage:<11} {mean_ms:9.2f} {total:8.2f}{share}")
     return lines
 
 

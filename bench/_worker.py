@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from worker.dev.process import WorkerProcess
+from worker.stream.timing import TIMING_HEADER
 
 PARTITIONS = 4
 # Producers batch for the backlog bursts (the test broker is slow one record per request).
@@ -168,6 +169,9 @@ class Output:
     source: tuple[int, int]  # (partition, offset) of the input record
     timestamp: float  # the output record's CreateTime (set by the worker's producer), seconds
     received_at: float  # time.time() when this process fetched it
+    # The record's stages up to publishing, in ms (the kp-timing-ms header of a worker run
+    # with KP_TIMING_HEADER=true); None without one.
+    timing: dict[str, float] | None = None
 
 
 @dataclass
@@ -203,7 +207,11 @@ class OutputCollector:
                 decision = self.topics.outputs[tp.topic]
                 for message in messages:
                     output = Output(
-                        decision, _source(decision, message), message.timestamp / 1000, now
+                        decision,
+                        _source(decision, message),
+                        message.timestamp / 1000,
+                        now,
+                        _timing(message),
                     )
                     if output.source in self.by_source:
                         self.duplicates += 1
@@ -273,6 +281,13 @@ def _source(decision: str, message: object) -> tuple[int, int]:
         return int(headers["kp-source-partition"]), int(headers["kp-source-offset"])
     source = orjson.loads(message.value)["source"]  # type: ignore[attr-defined]
     return int(source["partition"]), int(source["offset"])
+
+
+def _timing(message: object) -> dict[str, float] | None:
+    for key, value in message.headers or ():  # type: ignore[attr-defined]
+        if key == TIMING_HEADER:
+            return {str(k): float(v) for k, v in orjson.loads(value).items()}
+    return None
 
 
 def output_rate(outputs: Sequence[Output], produced_at: float) -> tuple[float, float, float]:

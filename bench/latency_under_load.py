@@ -28,10 +28,25 @@ Per phase, from deltas of the worker's own /metrics:
 - quantiles are interpolated inside buckets as Prometheus' histogram_quantile does;
 - mean pipeline depth (kp_batch_size: records in the pipeline when one enters, itself
   included), embeddings reused (identical text seen before: no model run), model runs split
-  (at least one layer over idle model threads: kp_model_runs_split_total), mean embed and
-  publish stage times, and the worker's CPU.
+  (at least one layer over idle model threads: kp_model_runs_split_total), mean
+  embed_wait (for a model thread), embed (the model run) and publish stage times;
+- CPU seconds of the worker, the broker and this process (the load generator: producer,
+  /metrics polls), from /proc/PID/stat, over the phase's sending and acknowledgements.
 As a cross-check, "send->stamp" is measured by this process: send time -> output record
 timestamp (set by the worker's producer; 1 ms resolution; the output's ack not included).
+
+Per record (the workers run with KP_TIMING_HEADER=true: each output carries its stages up to
+publishing in its kp-timing-ms header), the slowest 5 % of traces by send->stamp, with the
+mean ms of each stage (fetch = send -> the worker's receipt; "rest" = what send->stamp holds
+beyond the stages, the stamp's 1 ms resolution), beside the mean of all traces. Publish (the
+broker's ack) comes after the stamp: its mean over all traces is the /metrics one above.
+
+The model alone on the same arrivals: before the max rates, this process measures the
+model as bench/budget_floor.py does (each example text alone on one thread and as shipped, and
+a backlog's rate; --sim-repeats timings per text) while the workers idle; each phase's send
+times then run through budget_floor's fluid model of the embedder as shipped (each trace's
+work is its example text's), and "worker p99 / simulated p99" says how much of the worker's
+p99 the model alone accounts for on those arrivals (1.0: all of it).
 
 Target, at 50 % load: worker p99 <= 100 ms, end-to-end p99 <= 150 ms and breaches < 1 %.
 """
@@ -40,6 +55,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import os
 import re
 import time
 import uuid
@@ -49,6 +66,7 @@ import _corpus
 import _machine
 import _metrics
 import _worker
+import budget_floor
 import numpy as np
 from _metrics import BUDGET_SECONDS, fmt_ms
 from aiokafka import AIOKafkaProducer
@@ -60,6 +78,20 @@ TARGET_LOAD = 0.5
 TARGET_P99 = 0.1
 TARGET_E2E_P99 = 0.15
 TARGET_BREACHES = 0.01
+SLOWEST_SHARE = 0.05
+# The stages of the kp-timing-ms header, in pipeline order (publish comes after the stamp).
+HEADER_STAGES = (
+    "fetch",
+    "decode_wait",
+    "decode",
+    "embed_wait",
+    "tokenize",
+    "embed",
+    "order_wait",
+    "novelty",
+    "score",
+)
+WAITS = ("decode_wait", "embed_wait", "order_wait")
 # Settings in a --config are separated by commas that start a new KEY=, so a value may
 # itself contain commas (a JSON object, say).
 _SETTING_SPLIT = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*=)")
@@ -92,10 +124,15 @@ class Phase:
     depth: float
     reused: float
     split: float
+    embed_wait_ms: float
     embed_ms: float
     publish_ms: float
     worker_cores: float
     load_average: str
+    cpu_seconds: dict[str, float]  # worker, broker, load generator (this process)
+    wall_seconds: float
+    breakdown: list[str]  # the slowest traces' stages, and all traces'
+    simulated_p99: float | None  # the model alone as shipped on the phase's arrivals
 
 
 def parse_config(text: str) -> tuple[str, dict[str, str]]:
@@ -186,21 +223,98 @@ async def measure_max_rate(bootstrap: str, config: Config, count: int, unique_te
     return rate
 
 
+def measure_model(count: int, repeats: int) -> budget_floor.Engine:
+    """The model as shipped, as bench/budget_floor.py measures it, on one text per example
+    (a phase's trace i embeds example i mod count, made unique by a few characters)."""
+    texts = [record.text for record in _corpus.corpus(count, f"sim-{uuid.uuid4().hex[:6]}")]
+    engine, shipped = budget_floor.measure_engine("model", texts, repeats)
+    shipped.close()
+    return engine
+
+
+def simulated_p99(engine: budget_floor.Engine, sent: list[_worker.Sent]) -> float:
+    """p99 of the fluid model of the embedder as shipped, fed the phase's send times."""
+    times = np.array([s.sent_at for s in sent])
+    examples = np.arange(len(sent)) % len(engine.work)
+    response = budget_floor.as_shipped(
+        times - times[0], engine.work[examples], engine.alone_speed[examples], engine.side_by_side
+    )
+    return float(np.percentile(response, 99))
+
+
+def breakdown_lines(
+    outputs: list[_worker.Output],
+    sent: list[_worker.Sent],
+    engine: budget_floor.Engine | None = None,
+) -> list[str]:
+    """Mean ms per stage of the slowest traces by send->stamp, and of all traces; with the
+    model measured, what their texts' runs take alone (one thread, and as shipped)."""
+    rows = [
+        ((o.timestamp - s.sent_at) * 1000, index, o.timing)
+        for index, (o, s) in enumerate(zip(outputs, sent, strict=True))
+        if o.timing is not None
+    ]
+    if not rows:
+        return ["    no kp-timing-ms headers on the outputs (KP_TIMING_HEADER off?)"]
+    rows.sort(key=lambda row: row[0], reverse=True)
+    slowest = rows[: max(1, math.ceil(SLOWEST_SHARE * len(rows)))]
+
+    def line(label: str, chosen: list[tuple[float, int, dict[str, float]]]) -> str:
+        means = {
+            stage: sum(timing.get(stage, 0.0) for _, _, timing in chosen) / len(chosen)
+            for stage in HEADER_STAGES
+        }
+        total = sum(row[0] for row in chosen) / len(chosen)
+        rest = total - sum(means.values())
+        waits = sum(means[stage] for stage in WAITS)
+        model = means["tokenize"] + means["embed"]
+        stages = " ".join(f"{stage} {ms:.1f}" for stage, ms in means.items())
+        text = (
+            f"    {label}: {stages} rest {rest:.1f} = {total:.1f} ms; of it waits "
+            f"{waits / total:.0%}, model {model / total:.0%}, fetch {means['fetch'] / total:.0%}"
+        )
+        if engine is not None:
+            examples = [index % len(engine.work) for _, index, _ in chosen]
+            text += (
+                f"; their texts alone: {engine.work[examples].mean() * 1000:.1f} ms on one "
+                f"thread, {engine.alone[examples].mean() * 1000:.1f} as shipped"
+            )
+        return text
+
+    return [
+        line(
+            f"slowest {SLOWEST_SHARE:.0%} ({len(slowest)} of {len(rows)}, send->stamp >= "
+            f"{slowest[-1][0]:.0f} ms) mean ms",
+            slowest,
+        ),
+        line("all traces mean ms", rows),
+    ]
+
+
 async def run_phase(
-    bootstrap: str, config: Config, load: float, rate: float, args: argparse.Namespace, seed: int
+    bootstrap: str,
+    config: Config,
+    load: float,
+    rate: float,
+    args: argparse.Namespace,
+    seed: int,
+    broker_pid: int | None,
+    engine: budget_floor.Engine | None,
 ) -> Phase:
     assert config.worker is not None
     records = _corpus.corpus(
         args.per_phase, f"p{seed}-{uuid.uuid4().hex[:6]}", not args.repeat_texts
     )
     before = _metrics.scrape(await asyncio.to_thread(config.worker.metrics_text))
-    cpu_before, wall_before = _machine.cpu_seconds(config.worker.pid), time.monotonic()
+    pids = {"worker": config.worker.pid, "broker": broker_pid, "load generator": os.getpid()}
+    cpu_before = {name: _machine.cpu_seconds(pid) for name, pid in pids.items()}
+    wall_before = time.monotonic()
     load_average = _machine.load_average()
     sent, achieved = await paced(bootstrap, config, records, rate, args.arrivals, seed)
     await wait_acknowledged(config, sent, timeout=60 + args.per_phase)
-    cores = (_machine.cpu_seconds(config.worker.pid) - cpu_before) / (
-        time.monotonic() - wall_before
-    )
+    wall = time.monotonic() - wall_before
+    cpu = {name: _machine.cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    cores = cpu["worker"] / wall
     await asyncio.sleep(0.5)  # metrics are observed right after the broker's acks
     diff = _metrics.delta(
         _metrics.scrape(await asyncio.to_thread(config.worker.metrics_text)), before
@@ -226,10 +340,15 @@ async def run_phase(
         depth=_metrics.value(diff, "kp_batch_size_sum") / entered if entered else 0.0,
         reused=_metrics.value(diff, "kp_embeddings_reused_total"),
         split=_metrics.value(diff, "kp_model_runs_split_total"),
+        embed_wait_ms=mean_ms("embed_wait"),
         embed_ms=mean_ms("embed"),
         publish_ms=mean_ms("publish"),
         worker_cores=cores,
         load_average=load_average,
+        cpu_seconds=cpu,
+        wall_seconds=wall,
+        breakdown=breakdown_lines(outputs, sent, engine),
+        simulated_p99=None if engine is None else simulated_p99(engine, sent),
     )
 
 
@@ -242,7 +361,9 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
     try:
         for config in configs:
             await _worker.create_topics(bootstrap, config.topics)
-            config.worker = _worker.Worker(bootstrap, **config.topics.worker_env(), **config.env)
+            # Each output carries its stages (kp-timing-ms), read back per record.
+            env = {"KP_TIMING_HEADER": "true", **config.env}
+            config.worker = _worker.Worker(bootstrap, **config.topics.worker_env(), **env)
             config.worker.start()
         for config in configs:
             assert config.worker is not None
@@ -252,6 +373,16 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
                 bootstrap, config.topics.input, _corpus.corpus(WARMUP_RECORDS, "warm", unique)
             )
             await wait_acknowledged(config, warm, 180)
+        engine = None
+        if not (args.no_simulation or args.repeat_texts):  # repeated texts run no model
+            examples = [line for line in _corpus.EXAMPLES.read_bytes().splitlines() if line.strip()]
+            engine = measure_model(len(examples), args.sim_repeats)
+            print(
+                f"the model alone (as bench/budget_floor.py measures it, workers idle): one "
+                f"thread {engine.work.mean() * 1000:.1f} ms/text, as shipped alone "
+                f"{engine.alone.mean() * 1000:.1f} ms, backlog {engine.max_rate:.1f} texts/s",
+                flush=True,
+            )
         for config in configs:
             config.max_rate = await measure_max_rate(
                 bootstrap, config, args.max_rate_records, unique
@@ -268,7 +399,9 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
             shift = level % len(configs)
             for config in configs[shift:] + configs[:shift]:
                 seed += 1
-                phase = await run_phase(bootstrap, config, load, load * reference, args, seed)
+                phase = await run_phase(
+                    bootstrap, config, load, load * reference, args, seed, broker.pid, engine
+                )
                 phases.append(phase)
                 print_phase(phase)
     finally:
@@ -290,9 +423,12 @@ def print_phase(phase: Phase) -> None:
         f"[{phase.config}] load {phase.load:.0%}: {phase.sent} traces at {phase.rate:.2f}/s "
         f"(achieved {phase.achieved_rate:.2f}/s), mean pipeline depth {phase.depth:.2f}, "
         f"reused {phase.reused:.0f}, model runs split {phase.split:.0f}, "
-        f"embed {phase.embed_ms:.0f} ms/trace (waiting included), "
+        f"embed_wait {phase.embed_wait_ms:.0f} embed {phase.embed_ms:.0f} "
         f"publish {phase.publish_ms:.0f} ms/trace, worker {phase.worker_cores:.2f} cores, "
         f"load average {phase.load_average}\n"
+        f"    CPU s over {phase.wall_seconds:.1f} s: "
+        + ", ".join(f"{name} {seconds:.2f}" for name, seconds in phase.cpu_seconds.items())
+        + "\n"
         f"    worker      p50/p95/p99 ms {quantiles_ms(h)}   over 100 ms "
         f"{h.share_above(BUDGET_SECONDS):6.1%} ({phase.breaches_counter:.0f}/{h.count:.0f})\n"
         f"    end to end  p50/p95/p99 ms {quantiles_ms(e2e)}   over 150 ms "
@@ -300,17 +436,27 @@ def print_phase(phase: Phase) -> None:
         f"{' '.join(fmt_ms(s).strip() for s in stamp)})",
         flush=True,
     )
+    print("\n".join(phase.breakdown), flush=True)
+    if phase.simulated_p99 is not None:
+        p99 = h.quantile(0.99)
+        print(
+            f"    worker p99 / simulated p99 (the model alone as shipped, same arrivals): "
+            f"{fmt_ms(p99).strip()} / {fmt_ms(phase.simulated_p99).strip()} ms = "
+            f"{p99 / phase.simulated_p99:.2f}",
+            flush=True,
+        )
 
 
 def print_summary(phases: list[Phase], loads: list[float]) -> None:
     print(
         "summary (ms; worker breach = share over 100 ms, e2e breach = share over 150 ms; "
-        "depth = mean pipeline depth)"
+        "depth = mean pipeline depth; sim p99 = the model alone as shipped on the phase's "
+        "arrivals, ratio = worker p99 / sim p99)"
     )
     print(
         f"  {'config':<16} {'load':>5} {'rate/s':>7} {'depth':>6} {'reused':>6} | "
         f"{'worker p50':>10} {'p95':>6} {'p99':>6} {'breach':>7} | "
-        f"{'e2e p50':>8} {'p95':>6} {'p99':>6} {'breach':>7}"
+        f"{'e2e p50':>8} {'p95':>6} {'p99':>6} {'breach':>7} | {'sim p99':>7} {'ratio':>5}"
     )
     for p in phases:
         h, e = p.worker, p.e2e
@@ -319,7 +465,12 @@ def print_summary(phases: list[Phase], loads: list[float]) -> None:
             f"{fmt_ms(h.quantile(0.5)):>10} {fmt_ms(h.quantile(0.95)):>6} "
             f"{fmt_ms(h.quantile(0.99)):>6} {h.share_above(BUDGET_SECONDS):7.1%} | "
             f"{fmt_ms(e.quantile(0.5)):>8} {fmt_ms(e.quantile(0.95)):>6} "
-            f"{fmt_ms(e.quantile(0.99)):>6} {e.share_above(TARGET_E2E_P99):7.1%}"
+            f"{fmt_ms(e.quantile(0.99)):>6} {e.share_above(TARGET_E2E_P99):7.1%} | "
+            + (
+                f"{fmt_ms(p.simulated_p99):>7} {h.quantile(0.99) / p.simulated_p99:5.2f}"
+                if p.simulated_p99
+                else f"{'-':>7} {'-':>5}"
+            )
         )
     if TARGET_LOAD not in loads:
         print(f"TARGET: no phase at {TARGET_LOAD:.0%} load (see --loads)")
@@ -370,6 +521,12 @@ def main() -> None:
     parser.add_argument("--max-rate-records", type=int, default=None, help="max-rate backlog (240)")
     parser.add_argument("--arrivals", choices=("poisson", "even"), default="poisson")
     parser.add_argument(
+        "--sim-repeats", type=int, default=None, help="model timings per text (3; 1 --quick)"
+    )
+    parser.add_argument(
+        "--no-simulation", action="store_true", help="skip the model-alone simulation"
+    )
+    parser.add_argument(
         "--repeat-texts",
         action="store_true",
         help="keep the 50 example texts repeating (the worker then reuses their vectors)",
@@ -382,6 +539,7 @@ def main() -> None:
     args.loads = [float(x) for x in args.loads.split(",")]
     args.per_phase = args.per_phase or (60 if args.quick else 160)
     args.max_rate_records = args.max_rate_records or (80 if args.quick else 240)
+    args.sim_repeats = args.sim_repeats or (1 if args.quick else 3)
     chosen = args.config or [("default", {})]
     if len({name for name, _ in chosen}) != len(chosen):
         parser.error("configuration names must differ")

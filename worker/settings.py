@@ -186,6 +186,8 @@ class Settings(BaseSettings):
     # this long, or when the event loop has not run for a third of it.
     health_stall_seconds: PositiveFloat = 60.0
     latency_budget_seconds: PositiveFloat = 0.1
+    # Each output carries its stages up to publishing, in ms, in a `kp-timing-ms` header.
+    timing_header: bool = False
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("kafka_bootstrap_servers")

@@ -263,7 +263,7 @@ def test_each_kind_of_failure_goes_to_its_own_decision() -> None:
         model_id = "broken"
         dimensions = 4
 
-        def submit(self, texts: Sequence[str]) -> object:
+        def submit(self, texts: Sequence[str], timing: object = None) -> object:
             raise MemoryError("the model ran out of memory")
 
     async def scenario(scorer: Scorer, failing: list[Offset]) -> list[tuple[str, int, str]]:

@@ -18,6 +18,7 @@ from worker.core.cache import PartitionCaches
 from worker.core.records import OTHER_DOMAIN, Decision, RoutedRecord, SourceRecord
 from worker.core.scorer import Scorer, Thresholds, build_scorer
 from worker.core.scoring import Novelty, NoveltySource, ProfileSet, load_profiles
+from worker.embedding.protocol import RunTiming
 from worker.settings import Settings
 
 from support.traces import (
@@ -55,7 +56,9 @@ class FakeEmbedder:
             rows.append(np.frombuffer(digest, dtype=np.uint8).astype(np.float32) - 127.5)
         return np.stack(rows).astype(np.float32)
 
-    def submit(self, texts: Sequence[str]) -> Future[npt.NDArray[np.float32]]:
+    def submit(
+        self, texts: Sequence[str], timing: RunTiming | None = None
+    ) -> Future[npt.NDArray[np.float32]]:
         future: Future[npt.NDArray[np.float32]] = Future()
         future.set_result(self.embed(texts))
         return future

@@ -18,6 +18,7 @@ from worker.core.cache import PartitionCaches
 from worker.core.records import RoutedRecord, SourceRecord
 from worker.core.scorer import Prepared, Scorer, Thresholds
 from worker.core.scoring import load_profiles
+from worker.embedding.protocol import RunTiming
 from worker.stream.processor import INLINE_DECODE_BYTES, StreamScorer
 
 from support.traces import make_trace
@@ -41,7 +42,7 @@ class HashEmbedder:
         out = np.asarray(rows, dtype=np.float32).reshape(len(texts), self.dimensions)
         return out / np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
 
-    def submit(self, texts: Sequence[str]) -> Future[np.ndarray]:
+    def submit(self, texts: Sequence[str], timing: RunTiming | None = None) -> Future[np.ndarray]:
         future: Future[np.ndarray] = Future()
         future.set_result(self.embed(texts))
         return future
@@ -238,7 +239,7 @@ class SlowEmbedder(HashEmbedder):
         self.texts += texts
         return super().embed(texts)
 
-    def submit(self, texts: Sequence[str]) -> Future[np.ndarray]:
+    def submit(self, texts: Sequence[str], timing: RunTiming | None = None) -> Future[np.ndarray]:
         return self.pool.submit(self.embed, texts)
 
 

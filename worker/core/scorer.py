@@ -40,6 +40,7 @@ from worker.core.trace import (
     parse_trace,
 )
 from worker.embedding import Embedder
+from worker.embedding.protocol import RunTiming
 from worker.settings import Settings
 
 
@@ -135,11 +136,12 @@ class Scorer:
         """Whether novelty comes from a model (without one it is 0.5 and no cache is kept)."""
         return self.embedder is not None
 
-    def submit_embedding(self, text: str) -> Future[np.ndarray]:
-        """One text's vector, computed on one of the model's threads (a 1-row matrix)."""
+    def submit_embedding(self, text: str, timing: RunTiming | None = None) -> Future[np.ndarray]:
+        """One text's vector, computed on one of the model's threads (a 1-row matrix);
+        ``timing`` says when a thread took it, tokenized it and finished."""
         if self.embedder is None:
             raise RuntimeError("no embedder: nothing needs a vector")
-        return self.embedder.submit([text])
+        return self.embedder.submit([text], timing)
 
     def close(self) -> None:
         """Stop the model's threads (the worker is stopping)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -12,7 +13,7 @@ import onnxruntime as ort
 from tokenizers import Encoding
 
 from worker.embedding.encoder import Encoder, Feeds, IntArray
-from worker.embedding.protocol import DIMENSIONS, FloatArray
+from worker.embedding.protocol import DIMENSIONS, FloatArray, RunTiming
 from worker.embedding.session import output_name
 from worker.embedding.stages import StagedEncoder, most_slices
 
@@ -87,13 +88,14 @@ class OnnxEmbedder:
             result[rows] = run.result()
         return result
 
-    def submit(self, texts: Sequence[str]) -> Future[FloatArray]:
+    def submit(self, texts: Sequence[str], timing: RunTiming | None = None) -> Future[FloatArray]:
         """`embed(texts)` on one of the embedder's threads; the future holds the vectors.
 
         The stream worker embeds each record as soon as it arrives this way, so the records
-        of a burst run side by side instead of one after another.
+        of a burst run side by side instead of one after another. ``timing`` is stamped when
+        a thread takes the run, when its texts are tokenized and when it ends.
         """
-        return self._in_pool(self._embed_serially, list(texts))
+        return self._in_pool(self._embed_serially, list(texts), timing)
 
     def _in_pool(self, work: Callable[..., FloatArray], *args: Any) -> Future[FloatArray]:
         """``work(*args)`` on the pool, counted as outstanding until it ends: a thread with
@@ -111,10 +113,16 @@ class OnnxEmbedder:
 
         return self._executor().submit(counted)
 
-    def _embed_serially(self, texts: Sequence[str]) -> FloatArray:
+    def _embed_serially(self, texts: Sequence[str], timing: RunTiming | None = None) -> FloatArray:
+        if timing is not None:
+            timing.started = time.monotonic()
         result, batches = self._plan(texts)
+        if timing is not None:
+            timing.tokenized = time.monotonic()
         for rows, batch in batches:
             result[rows] = self._embed_batch(*batch)
+        if timing is not None:
+            timing.finished = time.monotonic()
         return result
 
     def _plan(

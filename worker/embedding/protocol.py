@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -15,6 +16,16 @@ import numpy.typing as npt
 
 DIMENSIONS = 384
 FloatArray = npt.NDArray[np.float32]
+
+
+@dataclass(slots=True)
+class RunTiming:
+    """When a submitted run reached each step (``time.monotonic``; 0 until it did): what
+    separates waiting for a model thread from tokenizing and from the model's own run."""
+
+    started: float = 0.0  # a model thread took the run
+    tokenized: float = 0.0
+    finished: float = 0.0  # the vectors are ready
 
 
 class Embedder(Protocol):
@@ -27,8 +38,9 @@ class Embedder(Protocol):
         """Unit vectors [len(texts), dimensions], in the order given."""
         ...
 
-    def submit(self, texts: Sequence[str]) -> Future[FloatArray]:
-        """``embed`` started in the background (on the embedder's own threads)."""
+    def submit(self, texts: Sequence[str], timing: RunTiming | None = None) -> Future[FloatArray]:
+        """``embed`` started in the background (on the embedder's own threads); ``timing``,
+        when given, is stamped as the run goes."""
         ...
 
     @property

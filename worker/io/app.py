@@ -184,6 +184,7 @@ class ScorerApp(faust.App):
             settings.max_in_flight_records,
             failures=self.failures,
             observer=observer,
+            timing_header=settings.timing_header,
         )
         embedder = scorer.embedder
         observer.embedder_loaded(

@@ -21,7 +21,6 @@ END_TO_END_BUCKETS = (*LATENCY_BUCKETS, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 SCORE_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 REBUILD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-STAGES = ("decode", "embed", "novelty", "score", "publish")
 
 trace_latency = Histogram(
     "kp_trace_latency_seconds",
@@ -36,8 +35,10 @@ end_to_end_latency = Histogram(
 )
 stage_latency = Histogram(
     "kp_stage_latency_seconds",
-    "Per trace: time spent in each stage (embed includes waiting for a free model run)",
-    ["stage"],
+    "Per trace: time in each stage, waits apart from work: fetch (record timestamp to "
+    "receipt), decode_wait, decode, embed_wait (for a model thread), tokenize, embed (the "
+    "model run), order_wait (for the partition's earlier records), novelty, score, publish",
+    ["stage"],  # worker.stream.timing.STAGES
     buckets=LATENCY_BUCKETS,
 )
 budget_breaches = Counter(

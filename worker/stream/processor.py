@@ -13,6 +13,7 @@ state, to :mod:`worker.stream.partitions`; what a failure means, to
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -29,6 +30,7 @@ from worker.core.scorer import Prepared, Scorer
 from worker.stream.checkpoint import Acknowledge, Checkpoint, RoutedPublisher
 from worker.stream.observer import MetricsObserver
 from worker.stream.partitions import LogReader, Partitions, TopicPartition
+from worker.stream.timing import RecordTiming
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ class _Job:
     """One record on its way through the pipeline."""
 
     record: SourceRecord
-    received: float  # monotonic time the worker received it
+    timing: RecordTiming  # when it was received, and each stage's stamps since
     epoch: int  # the partition's epoch when it was taken; a later epoch means revoked
     acknowledge: Acknowledge | None
     scored: asyncio.Future[None]  # set once its novelty is in the cache (the next may go)
@@ -68,7 +70,10 @@ class StreamScorer:
         max_in_flight_records: int = 16,
         failures: FailurePolicy | None = None,
         observer: MetricsObserver | None = None,
+        timing_header: bool = False,
     ) -> None:
+        """``timing_header``: each output carries its stages in ``kp-timing-ms``
+        (KP_TIMING_HEADER)."""
         if max_in_flight_records < 1:
             raise ValueError("max_in_flight_records must be positive")
         self.scorer = scorer
@@ -76,6 +81,7 @@ class StreamScorer:
         self.failures = failures or FailurePolicy()
         self.observer = observer or MetricsObserver(latency_budget_seconds)
         self.partitions = Partitions(scorer, reader, self.observer)
+        self.timing_header = timing_header
         self._embedding: dict[bytes, asyncio.Future[np.ndarray]] = {}
         self._slots = asyncio.Semaphore(max_in_flight_records)
         self._depth = 0
@@ -177,44 +183,46 @@ class StreamScorer:
         tp = record.topic_partition
         scored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         epoch = self.partitions.epoch(tp)
-        return _Job(record, received, epoch, acknowledge, scored, self.partitions.after(tp, scored))
+        timing = RecordTiming.received_at(received, record.timestamp_ms)
+        return _Job(record, timing, epoch, acknowledge, scored, self.partitions.after(tp, scored))
 
     async def _run(self, job: _Job) -> None:
         tp = job.record.topic_partition
         stage = "process"
+        timing = job.timing
         try:
-            started = time.monotonic()
+            timing.decoding = time.monotonic()
             if len(job.record.value or b"") <= INLINE_DECODE_BYTES:
                 (prepared,) = self.scorer.prepare([job.record])
             else:
                 (prepared,) = await asyncio.get_running_loop().run_in_executor(
                     self._decoder, self.scorer.prepare, [job.record]
                 )
-            decoded = time.monotonic()
-            reused = await self._embed(prepared)
-            embedded = time.monotonic()
+            timing.decoded = time.monotonic()
+            reused = await self._embed(prepared, timing)
+            timing.vector = time.monotonic()
             if job.after is not None:
                 await job.after
             if self.partitions.epoch(tp) != job.epoch:
                 job.published.set_result(None)  # revoked meanwhile: its next owner scores it
                 return
-            routed, novelty_seconds, score_seconds = self.scorer.finish([prepared])
+            timing.ordered = time.monotonic()
+            routed, timing.novelty, timing.score = self.scorer.finish([prepared])
             job.scored.set_result(None)
-            publishing = time.monotonic()
+            if self.timing_header:
+                routed = [
+                    dataclasses.replace(routed[0], headers=(*routed[0].headers, timing.header()))
+                ]
+            timing.publishing = time.monotonic()
             stage = "publish"
-            acked = await self.checkpoint.publish(routed, job.acknowledge)
+            timing.acked = await self.checkpoint.publish(routed, job.acknowledge)
             stage = "done"
             record = routed[0].source
+            latency = timing.acked - timing.received
             self.observer.record_published(
                 routed[0],
-                (
-                    ("decode", decoded - started),
-                    ("embed", embedded - decoded),
-                    ("novelty", novelty_seconds),
-                    ("score", score_seconds),
-                    ("publish", acked - publishing),
-                ),
-                latency_seconds=acked - job.received,
+                timing.stages(),
+                latency_seconds=latency,
                 age_seconds=(
                     max(0.0, time.time() - record.timestamp_ms / 1000)
                     if record.timestamp_ms
@@ -224,9 +232,7 @@ class StreamScorer:
                 cache_size=self.scorer.cache_size(tp),  # None: revoked meanwhile
             )
             if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "record published", extra=_published_fields(routed[0], acked - job.received)
-                )
+                log.debug("record published", extra=_published_fields(routed[0], latency))
             job.published.set_result(routed[0])
         except BaseException as exc:
             # Nothing of this partition may be remembered: its records will be delivered again.
@@ -261,9 +267,10 @@ class StreamScorer:
         self.observer.record_left()
         self._slots.release()
 
-    async def _embed(self, prepared: Prepared) -> bool:
+    async def _embed(self, prepared: Prepared, timing: RecordTiming) -> bool:
         """The record's vector: reused from an identical text in the cache or in flight, else
-        from the model on one of its threads. Returns whether it was reused."""
+        from the model on one of its threads (stamping ``timing.run``). Returns whether it
+        was reused."""
         if not prepared.needs_vector or self.scorer.reuse_stored(prepared):
             return prepared.stored_row
         assert prepared.text_key is not None
@@ -272,7 +279,7 @@ class StreamScorer:
         if running is not None:
             prepared.vector = (await asyncio.shield(running))[0]
             return True
-        future = asyncio.wrap_future(self.scorer.submit_embedding(prepared.text or ""))
+        future = asyncio.wrap_future(self.scorer.submit_embedding(prepared.text or "", timing.run))
         self._embedding[key] = future
         try:
             prepared.vector = (await future)[0]
