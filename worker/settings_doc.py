@@ -151,12 +151,16 @@ MEANINGS: dict[str, str] = {
     "embed_split_min_tokens": (
         "a text of at least this many tokens that arrives while the other model threads have no "
         "work splits its tokens over them, layer by layer (a lone 256-token text ~60 ms instead "
-        "of ~95 ms); when another text starts meanwhile the slices join, and split again once it "
-        "is alone. A text that arrives beside another, and every text of a backlog, runs the "
-        "whole model in one call. A model whose stages would differ from the whole (the int8 "
-        "engine, for one) runs whole, and the `scorer ready` log line says why "
-        "(`model_runs_split`). `0` loads the model whole and never splits. `kp-scorer score` and "
-        "`replay` always load the model whole ([The embedding model](model.md))"
+        "of ~95 ms; the demo 100 % within 100 ms against 95-100 %); when another text starts "
+        "meanwhile the slices join, and split again once it is alone. A text that arrives beside "
+        "another, and every text of a backlog, runs the whole model in one call. The model is "
+        "loaded as one session holding the whole model and one stage per encoder layer as "
+        "branches over the same weights (held and packed once), checked bit for bit against the "
+        "whole model at start-up; a model whose stages would differ (the int8 engine, for one) "
+        "runs whole, and the `scorer ready` log line says why (`model_runs_split`). `0` loads the"
+        " model whole and never splits (`bench/RESULTS.md`). `kp-scorer score` and `replay` work "
+        "through backlogs, where runs find no idle thread, and always load the model whole ([The "
+        "embedding model](model.md))"
     ),
     "embed_batch_size": (
         "texts per model run; on CPU 1 is fastest for mixed-length traces and smallest in memory "
@@ -215,9 +219,10 @@ Every command warns once at start-up, on stderr, about each `KP_*` variable that
 reads, naming the closest variable below if there is one: `kp-scorer: unknown environment
 variable NAME ignored (did you mean KP_ACCEPT_THRESHOLD?)` for a misspelt threshold (the
 worker logs it as a JSON warning with `variable` and `did_you_mean` fields), and about a
-`KAFKA_*` variable that looks like a misspelt `KAFKA_BOOTSTRAP_SERVERS`. Such a variable has
-no effect. Variable names, `KP_LOG_LEVEL`'s and `KP_COMPRESSION_TYPE`'s values are
-case-insensitive.
+`KAFKA_*` variable that looks like a misspelt `KAFKA_BOOTSTRAP_SERVERS`
+(`KAFKA_BOOTSTRAP_SERVER`; other tools' `KAFKA_*` variables are left alone). Such a variable
+has no effect. Variable names and the values of `KP_LOG_LEVEL` (`debug`, `Warning`) and
+`KP_COMPRESSION_TYPE` are case-insensitive.
 {removed}
 
 | variable | default | accepts | meaning |
@@ -267,7 +272,7 @@ def _accepts(annotation: Any, metadata: list[Any]) -> str:
         text = " and ".join(part for part in (low, high) if part)
         text = f"{kind} {text}".strip()
     elif annotation is Path:
-        text = "path of an existing file"
+        text = "file path"
     elif typing.get_origin(annotation) is dict:
         text = "JSON object"
     else:
