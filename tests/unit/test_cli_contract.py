@@ -483,24 +483,25 @@ def test_summary_reads_stdin_too(
     assert "no scored lines" in capsys.readouterr().err
 
 
-# --- the README's output example ------------------------------------------------------------
+# --- the output example of docs/output.md -----------------------------------------------
 
 
-def readme_output_example() -> dict[str, Any]:
-    section = (REPO / "README.md").read_text().split("### Output", 1)[1].split("\n### ", 1)[0]
+def output_example() -> dict[str, Any]:
+    page = (REPO / "docs" / "output.md").read_text()
+    section = page.split("\n## Accepted and rejected records\n", 1)[1].split("\n## ", 1)[0]
     block = section.split("```json\n", 1)[1].split("```", 1)[0]
     return orjson.loads(block)
 
 
-def test_readme_output_example_is_what_score_writes(
+def test_the_output_example_is_what_score_writes(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The example is the first example trace's output (steps shortened); novelty is 0.5 for
     the first trace with or without a model, so only the model's name may differ."""
-    monkeypatch.chdir(REPO)  # the command as the README gives it
+    monkeypatch.chdir(REPO)  # the command as the page gives it
     assert main(["score", "examples/traces.jsonl", "--no-embedder", "--quiet"]) == 0
     real = orjson.loads(capsys.readouterr().out.splitlines()[0])
-    shown = readme_output_example()
+    shown = output_example()
     assert list(shown) == list(real) == ["trace", "score", "scorer", "source"]
     assert shown["trace"]["steps"] == real["trace"]["steps"][: len(shown["trace"]["steps"])]
     assert {**shown["trace"], "steps": []} == {**real["trace"], "steps": []}

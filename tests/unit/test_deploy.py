@@ -577,7 +577,7 @@ def test_k8s_deployment_probes_and_wiring() -> None:
 
 # Peak RSS of a worker fed one gzip batch holding a 1 GiB value (within Kafka's default
 # 1 MiB message.max.bytes), decompressed no further than KP_MAX_BATCH_BYTES:
-# `python bench/compression_bomb.py`, README "Memory".
+# `python bench/compression_bomb.py`, docs/operations.md "Memory".
 GZIP_BOMB_PEAK_MIB = 392
 
 
@@ -586,8 +586,9 @@ def test_k8s_memory_limit_covers_a_compression_bomb() -> None:
     limit = container["resources"]["limits"]["memory"]
     assert limit.endswith("Gi"), limit
     assert int(limit[:-2]) * 1024 >= 1.25 * GZIP_BOMB_PEAK_MIB
-    readme = (REPO / "README.md").read_text()
-    assert f"{GZIP_BOMB_PEAK_MIB:,} MiB" in readme.split("\n### Memory\n", 1)[1]
+    operations = (REPO / "docs" / "operations.md").read_text()
+    memory = operations.split("\n## Memory\n", 1)[1].split("\n## ", 1)[0]
+    assert f"{GZIP_BOMB_PEAK_MIB:,} MiB" in memory
 
 
 def test_k8s_configmaps_are_real_settings_and_profiles(
@@ -636,15 +637,15 @@ def test_k8s_autoscaler_is_capped_at_the_partition_count() -> None:
         assert promql_metric_names(query)
 
 
-def test_the_readme_names_every_metric_the_worker_exports() -> None:
+def test_the_operations_page_names_every_metric_the_worker_exports() -> None:
     import worker.stream.metrics  # noqa: F401  (defining them registers them)
 
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    operations = (REPO / "docs" / "operations.md").read_text()
+    section = operations.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
     exported = set()
     for family in REGISTRY.collect():
         if family.name.startswith("kp_"):
             exported.add(family.name + {"counter": "_total", "info": "_info"}.get(family.type, ""))
     assert "kp_records_total" in exported and "kp_trace_latency_seconds" in exported
     missing = sorted(name for name in exported if not re.search(rf"`{name}[`{{]", section))
-    assert not missing, f"metrics the README's Metrics section does not name: {missing}"
+    assert not missing, f"metrics docs/operations.md's Metrics section does not name: {missing}"

@@ -1,4 +1,4 @@
-"""A first run of each command behaves as the README says, and tells a person what happened.
+"""A first run of each command behaves as the documentation says, and tells a person what happened.
 
 - ``rescore --from-topics`` ends as ``replay`` does: exit 1 on an unreachable broker, 130 on
   Ctrl-C, giving up within the documented 30 s.
@@ -9,7 +9,7 @@
 - A misspelt ``KAFKA_BOOTSTRAP_SERVERS`` is warned of, and hints name documented variables.
 - ``rescore`` on raw traces points at ``score``; ``--partition-by`` on a field no line has
   says so; ``--help`` shows defaults; the demo's summary keeps each line whole when piped.
-- One worker throughput figure, kept in the README, is the one the manifests reason from.
+- One worker throughput figure, kept in docs/operations.md, is the one the manifests reason from.
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def test_commands_give_up_on_a_silent_broker_after_the_documented_30_s() -> None
     """A broker that accepts connections and never answers: each request of a command's
     clients gives up after 30 s (aiokafka's own default is 40 s), and so does publishing,
     counted from when the records were sent."""
-    readme = (REPO / "README.md").read_text()
-    assert "give up on a\nbroker that stops answering after 30 s" in readme
+    operations = (REPO / "docs" / "operations.md").read_text()
+    assert "give up on a\nbroker that stops answering after 30 s" in operations
     assert COMMAND_GIVE_UP_SECONDS == 30
     settings = load_settings()
 
@@ -389,10 +389,10 @@ def test_the_demo_summary_keeps_lines_whole_when_piped(monkeypatch: pytest.Monke
 # --- one throughput figure ------------------------------------------------------------------
 
 
-def readme_throughput() -> tuple[int, int]:
-    readme = (REPO / "README.md").read_text()
-    found = re.search(r"One worker with 2 CPUs scores (\d+)-(\d+) traces/s", readme)
-    assert found, "the README states the worker's throughput"
+def documented_throughput() -> tuple[int, int]:
+    operations = (REPO / "docs" / "operations.md").read_text()
+    found = re.search(r"One worker with 2 CPUs scores (\d+)-(\d+) traces/s", operations)
+    assert found, "docs/operations.md states the worker's throughput"
     return int(found.group(1)), int(found.group(2))
 
 
@@ -401,8 +401,8 @@ def manifests() -> Iterator[Path]:
     yield REPO / "docker-compose.yml"
 
 
-def test_the_manifests_quote_the_readme_throughput() -> None:
-    low, high = readme_throughput()
+def test_the_manifests_quote_the_documented_throughput() -> None:
+    low, high = documented_throughput()
     quoted = []
     for path in manifests():
         text = " ".join(path.read_text().replace("#", " ").split())
@@ -413,7 +413,7 @@ def test_the_manifests_quote_the_readme_throughput() -> None:
 
 
 def test_the_autoscaler_lag_threshold_is_reasoned_from_that_figure() -> None:
-    low, high = readme_throughput()
+    low, high = documented_throughput()
     text = (REPO / "deploy" / "k8s" / "autoscaler.yaml").read_text()
     (scaled,) = [doc for doc in yaml.safe_load_all(text) if doc]
     (kafka,) = [t for t in scaled["spec"]["triggers"] if t["type"] == "kafka"]

@@ -222,6 +222,5 @@ def test_the_lock_says_how_to_regenerate_it_for_the_image() -> None:
     assert words[words.index("--python-version") + 1] == IMAGE_MARKERS["python_version"]
     assert words[words.index("--python-platform") + 1] == "x86_64-unknown-linux-gnu"
     assert words[words.index("-o") + 1] == LOCK.name
-    readme = (REPO / "README.md").read_text()
-    deployment = readme.split("\n## Deployment\n", 1)[1].split("\n## ", 1)[0]
-    assert command in deployment, "the README's Deployment section gives the lock's command"
+    deployment = (REPO / "docs" / "deployment.md").read_text()
+    assert command in deployment, "docs/deployment.md gives the lock's command"

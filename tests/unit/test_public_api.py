@@ -285,26 +285,26 @@ def test_settings_from_a_mapping_validate_as_the_worker_does(
         TraceScorer(load_settings({"KP_PROFILES_FILE": str(profiles)}), use_embedder=False)
 
 
-def _readme_example() -> tuple[str, str]:
-    section = (REPO / "README.md").read_text().split("\n## Python API\n", 1)[1].split("\n## ")[0]
+def _api_example() -> tuple[str, str]:
+    section = (REPO / "docs" / "python-api.md").read_text()
     blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
     code = next(text for lang, text in blocks if lang == "python")
     printed = next(text for lang, text in blocks if lang == "text")
     return code, printed
 
 
-def test_readme_example_prints_what_the_readme_says(monkeypatch: pytest.MonkeyPatch) -> None:
-    code, printed = _readme_example()
+def test_the_api_example_prints_what_the_page_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, printed = _api_example()
     monkeypatch.chdir(REPO)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+        exec(compile(code, "docs/python-api.md", "exec"), {"__name__": "example"})
     assert out.getvalue() == printed
 
 
-def test_readme_example_type_checks_strictly(tmp_path: Path) -> None:
+def test_the_api_example_type_checks_strictly(tmp_path: Path) -> None:
     """The API is typed for its callers: the example passes ``mypy --strict``."""
-    code, _ = _readme_example()
+    code, _ = _api_example()
     example = tmp_path / "example.py"
     example.write_text(code)
     result = subprocess.run(
