@@ -15,7 +15,7 @@ naming why, so the scorer dead-letters it (``unreadable``) and the worker moves 
 bound, a 1 GiB gzip bomb peaks at ~0.4 GB instead of 2.3 GB (``bench/compression_bomb.py``).
 
 This overrides aiokafka's private ``PartitionRecords`` and its record modules' codec functions;
-``tests/unit/test_unreadable.py`` fails when aiokafka changes what it builds on.
+``tests/unit/io/test_unreadable.py`` fails when aiokafka changes what it builds on.
 """
 
 from __future__ import annotations
