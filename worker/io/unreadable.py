@@ -96,7 +96,10 @@ class _WholeBatches:
         return None if batch is None else _WholeBatch(batch)
 
 
-class _TolerantPartitionRecords(fetcher.PartitionRecords):  # type: ignore[misc]
+class TolerantPartitionRecords(fetcher.PartitionRecords):  # type: ignore[misc]
+    """aiokafka's partition records with each batch read whole: a batch it cannot read is one
+    unreadable record per offset (what :func:`install` puts in every consumer)."""
+
     def __init__(self, tp: Any, records: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(tp, _WholeBatches(records), *args, **kwargs)
 
@@ -152,8 +155,8 @@ def _bounded_cramjam(
 
 def install(max_batch_bytes: int) -> None:
     """Make every aiokafka consumer of this process read batches as this module says."""
-    if fetcher.PartitionRecords is not _TolerantPartitionRecords:
-        fetcher.PartitionRecords = _TolerantPartitionRecords
+    if fetcher.PartitionRecords is not TolerantPartitionRecords:
+        fetcher.PartitionRecords = TolerantPartitionRecords
     codecs = {
         "gzip_decode": _bounded_gzip(max_batch_bytes),
         "lz4_decode": _bounded_cramjam(cramjam.lz4.decompress_into, max_batch_bytes),
