@@ -17,9 +17,9 @@ from worker.dev.embedded_broker import (
     BrokerStartError,
     EmbeddedBroker,
     KafkaUnreachableError,
+    api_versions,
     wait_for_kafka,
 )
-from worker.dev.embedded_broker import _api_versions as api_versions
 from worker.dev.process import free_loopback_port
 
 from support.kafka_helpers import consume_all, create_topics, produce
@@ -95,7 +95,6 @@ def test_free_port_choice_moves_on_when_the_port_was_taken() -> None:
     with EmbeddedBroker() as running:
         mover = EmbeddedBroker()
         mover.port = running.port  # simulate losing the race for the chosen port
-        mover._fixed_port = False
         try:
             mover.start(timeout=5.0)
             assert mover.port != running.port

@@ -483,7 +483,7 @@ def _assert_quiet(figures: dict[str, object], cut_for: float) -> None:
 @pytest.mark.slow
 def test_outage_log_stays_readable_and_metrics_show_it(proxied) -> None:
     # In the slow set beside the two-minute outage (the same checks, longer): the default run
-    # keeps the outage logging's unit tests (tests/unit/test_outage_logging.py) and the short
+    # keeps the outage logging's unit tests (tests/unit/stream/test_outage_logging.py) and the short
     # outage and SIGTERM-during-an-outage tests above.
     cut_for = 35.0
     _assert_quiet(run_quiet_outage(proxied, cut_for), cut_for)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-AT_LEAST_ONCE_UNIT = "tests/unit/test_at_least_once.py"
+AT_LEAST_ONCE_UNIT = "tests/unit/stream/test_at_least_once.py"
 AT_LEAST_ONCE_BROKER = "tests/chaos/test_at_least_once_broker.py"
 CACHE_BOUNDARIES = (
-    "tests/unit/test_cache.py::"
+    "tests/unit/core/test_cache.py::"
     "test_a_batch_sees_stored_entries_up_to_their_ttl_and_capacity_boundaries"
 )
 BROKER_KILL = f"{AT_LEAST_ONCE_BROKER}::test_a_kill_while_outputs_wait_on_the_broker_loses_nothing"
@@ -146,7 +146,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="if last is not None and offset < last:",
         new="if last is not None and offset < 0:",
         tests=(
-            "tests/unit/test_library_overrides.py::"
+            "tests/unit/io/test_library_overrides.py::"
             "test_a_commit_that_would_go_backwards_never_reaches_the_broker",
         ),
         why="lets the consumer commit an offset below its last commit, so records already "
@@ -159,7 +159,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="return offset is not None and offset >= position",
         new="return offset is None or offset >= position",
         tests=(
-            "tests/unit/test_outage_logging.py::"
+            "tests/unit/stream/test_outage_logging.py::"
             "test_a_stop_is_clean_only_when_every_published_offset_is_confirmed_committed",
         ),
         why="counts a partition with no committed offset as committed",
@@ -185,7 +185,7 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/stream/partitions.py",
         old="if record.offset < expected:",
         new="if record.offset <= expected:",
-        tests=("tests/unit/test_stream.py",),
+        tests=("tests/unit/stream/test_stream.py",),
         why="skips the record at the next expected offset as if it had been scored",
     ),
     Mutant(
@@ -199,7 +199,7 @@ MUTANTS: tuple[Mutant, ...] = (
         new="""\
                     admitted.redelivered.append(record)  # its embedding is in the cache
 """,
-        tests=("tests/unit/test_stream.py::test_redelivered_records_are_not_scored_twice",),
+        tests=("tests/unit/stream/test_stream.py::test_redelivered_records_are_not_scored_twice",),
         why="scores and publishes a redelivered record a second time",
     ),
     Mutant(
@@ -208,7 +208,7 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/core/failures.py",
         old='return dead_letter(record, InternalScoringError(f"scoring failed: {exc!r}"[:300]))',
         new="raise",
-        tests=("tests/unit/test_pipeline.py::test_internal_error_is_dead_lettered_not_lost",),
+        tests=("tests/unit/core/test_pipeline.py::test_internal_error_is_dead_lettered_not_lost",),
         why="lets a scoring bug escape instead of dead-lettering the record",
     ),
     Mutant(
@@ -218,8 +218,8 @@ MUTANTS: tuple[Mutant, ...] = (
         old="admitted.to_score += [(missed, False) for missed in gap]",
         new="del gap",
         tests=(
-            "tests/unit/test_stream.py::test_gap_before_first_delivery_is_read_from_the_log",
-            "tests/unit/test_stream.py::test_gap_inside_and_between_batches",
+            "tests/unit/stream/test_stream.py::test_gap_before_first_delivery_is_read_from_the_log",
+            "tests/unit/stream/test_stream.py::test_gap_inside_and_between_batches",
         ),
         why="reads the skipped records but never scores them",
     ),
@@ -231,7 +231,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="            await self.rebuild_cache(tp, start)\n",
         new="            pass\n",
         tests=(
-            "tests/unit/test_stream.py::"
+            "tests/unit/stream/test_stream.py::"
             "test_takeover_rebuilds_the_cache_from_before_the_committed_offset",
         ),
         why="starts a taken-over partition with an empty novelty cache",
@@ -250,8 +250,8 @@ MUTANTS: tuple[Mutant, ...] = (
             self.observer.partition_forgotten(tp)
 """,
         tests=(
-            "tests/unit/test_stream.py::test_partition_revoked_while_scoring_leaves_no_state",
-            "tests/unit/test_stream.py::test_failed_publish_forgets_the_partition_and_raises",
+            "tests/unit/stream/test_stream.py::test_partition_revoked_while_scoring_leaves_no_state",
+            "tests/unit/stream/test_stream.py::test_failed_publish_forgets_the_partition_and_raises",
         ),
         why="keeps the novelty cache of a partition this worker no longer owns",
     ),
@@ -261,7 +261,7 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/core/cache.py",
         old="held &= (times[None, :] - self._times[self._slots()][:, None]) <= self.ttl_ms",
         new="held &= (times[None, :] - self._times[self._slots()][:, None]) < self.ttl_ms",
-        tests=(CACHE_BOUNDARIES, "tests/unit/test_cache.py"),
+        tests=(CACHE_BOUNDARIES, "tests/unit/core/test_cache.py"),
         why="expires a cached vector one millisecond early",
     ),
     Mutant(
@@ -270,7 +270,7 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/core/cache.py",
         old="held = self._age_rank()[:, None] >= (n + position - self.max_elements)[None, :]",
         new="held = self._age_rank()[:, None] > (n + position - self.max_elements)[None, :]",
-        tests=(CACHE_BOUNDARIES, "tests/unit/test_cache.py"),
+        tests=(CACHE_BOUNDARIES, "tests/unit/core/test_cache.py"),
         why="evicts the oldest vector one trace too soon",
     ),
     Mutant(
@@ -279,7 +279,7 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/core/scorer.py",
         old="Decision.ACCEPTED if breakdown.score >= threshold else Decision.REJECTED",
         new="Decision.ACCEPTED if breakdown.score > threshold else Decision.REJECTED",
-        tests=("tests/unit/test_pipeline.py::test_score_equal_to_threshold_is_accepted",),
+        tests=("tests/unit/core/test_pipeline.py::test_score_equal_to_threshold_is_accepted",),
         why="rejects a trace scoring exactly the threshold",
     ),
     Mutant(
@@ -288,7 +288,7 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/core/scoring.py",
         old="if error_recoveries > 2 and trace.success:",
         new="if error_recoveries >= 2 and trace.success:",
-        tests=("tests/unit/test_scoring.py",),
+        tests=("tests/unit/core/test_scoring.py",),
         why="gives the bonus to a trace with exactly 2 error recoveries",
     ),
     Mutant(
@@ -305,7 +305,7 @@ MUTANTS: tuple[Mutant, ...] = (
         record.value or b"",
         (*producer_headers(record.headers), *dead_letter_headers(record, error)),
 """,
-        tests=("tests/unit/test_pipeline.py::test_dead_letter_keeps_bytes_and_explains",),
+        tests=("tests/unit/core/test_pipeline.py::test_dead_letter_keeps_bytes_and_explains",),
         why="publishes an empty value for a tombstone",
     ),
     Mutant(
@@ -320,7 +320,7 @@ MUTANTS: tuple[Mutant, ...] = (
         record.value,
         dead_letter_headers(record, error),
 """,
-        tests=("tests/unit/test_pipeline.py::test_dead_letter_keeps_bytes_and_explains",),
+        tests=("tests/unit/core/test_pipeline.py::test_dead_letter_keeps_bytes_and_explains",),
         why="drops the producer's headers from a dead letter",
     ),
     Mutant(
@@ -335,7 +335,7 @@ MUTANTS: tuple[Mutant, ...] = (
     def key(self) -> bytes | None:
         return None if self.error is not None else self.source.key
 """,
-        tests=("tests/unit/test_pipeline.py::test_dead_letter_keeps_bytes_and_explains",),
+        tests=("tests/unit/core/test_pipeline.py::test_dead_letter_keeps_bytes_and_explains",),
         why="publishes dead letters without their key",
     ),
     Mutant(
@@ -344,7 +344,7 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/core/output.py",
         old="return tuple(h for h in headers if not h[0].lower().startswith(HEADER_PREFIX))",
         new="return tuple(h for h in headers if not h[0].startswith(HEADER_PREFIX))",
-        tests=("tests/unit/test_pipeline.py::test_producer_kp_headers_never_reach_an_output",),
+        tests=("tests/unit/core/test_pipeline.py::test_producer_kp_headers_never_reach_an_output",),
         why="lets a producer's KP-Score header through to an output",
     ),
     Mutant(
@@ -353,7 +353,7 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/core/scorer.py",
         old="return domain if domain in self.profiles.names else OTHER_DOMAIN",
         new="return domain or OTHER_DOMAIN",
-        tests=("tests/unit/test_pipeline.py::test_domain_labels_are_bounded",),
+        tests=("tests/unit/core/test_pipeline.py::test_domain_labels_are_bounded",),
         why="labels metrics with whatever domain a producer sends",
     ),
     Mutant(
@@ -364,7 +364,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    empty_key = record.key is None and value is None\n",
         new="    empty_key = False\n",
         tests=(
-            "tests/unit/test_publisher.py::"
+            "tests/unit/io/test_publisher.py::"
             "test_a_null_key_tombstone_is_dead_lettered_with_an_empty_key",
         ),
         why="hands the Kafka client a record with neither key nor value, which it refuses",
@@ -376,7 +376,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="_INT_DIGITS = 19",
         new="_INT_DIGITS = 400",
         tests=(
-            "tests/unit/test_trace.py::"
+            "tests/unit/core/test_trace.py::"
             "test_an_integer_beyond_64_bits_in_an_unknown_field_is_refused_by_path",
         ),
         why="publishes 123456789012345678901234567890 as 1.2345678901234568e+29",
@@ -395,7 +395,7 @@ MUTANTS: tuple[Mutant, ...] = (
         return raw, None
 """,
         tests=(
-            "tests/unit/test_framing.py::test_a_framed_record_scores_as_its_plain_document",
+            "tests/unit/core/test_framing.py::test_a_framed_record_scores_as_its_plain_document",
             "tests/broker/test_framing_broker.py::"
             "test_framed_and_plain_records_score_alike_on_a_worker",
         ),
@@ -407,7 +407,7 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/core/schema.py",
         old="return jsonschema_rs.Draft202012Validator(schema, validate_formats=True)",
         new="return jsonschema_rs.Draft202012Validator(schema, validate_formats=False)",
-        tests=("tests/unit/test_trace.py::test_created_at_is_rfc_3339",),
+        tests=("tests/unit/core/test_schema.py::test_created_at_is_rfc_3339",),
         why="accepts any string as created_at",
     ),
     Mutant(
@@ -416,7 +416,7 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/stream/lag.py",
         old="                seconds = min(seconds, now)\n",
         new="                seconds = seconds\n",
-        tests=("tests/unit/test_health_lag.py",),
+        tests=("tests/unit/stream/test_health_lag.py",),
         why="one record stamped an hour ahead reads as no lag for an hour",
     ),
     Mutant(
@@ -426,7 +426,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="        self.reachable = False\n        self.ever_reached = False\n",
         new="        self.reachable = True\n        self.ever_reached = False\n",
         tests=(
-            "tests/unit/test_outage_logging.py::"
+            "tests/unit/stream/test_outage_logging.py::"
             "test_a_broker_never_reached_is_unreachable_and_not_ready",
         ),
         why="a worker with a wrong bootstrap address reads as connected",
@@ -458,7 +458,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="return self._encode_fast([text[:cut] for text in texts])",
         new="return self._encode_fast(list(texts))",
         tests=(
-            "tests/unit/test_embedder.py::"
+            "tests/unit/embedding/test_embedder.py::"
             "test_megabyte_text_is_tokenized_from_a_bounded_cut_without_the_lock",
         ),
         why="tokenizes a 1 MiB text whole: up to 2.5 s on a model thread",
@@ -475,7 +475,7 @@ MUTANTS: tuple[Mutant, ...] = (
             return iter(list(batch))
         except ArithmeticError as exc:""",
         tests=(
-            "tests/unit/test_unreadable.py::"
+            "tests/unit/io/test_unreadable.py::"
             "test_an_unreadable_batch_is_one_unreadable_record_per_offset",
         ),
         why="a header name that is not UTF-8 ends the consumer at that offset on every restart",
@@ -487,7 +487,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="    for module in (default_records, compiled_default_records):\n",
         new="    for module in ():\n",
         tests=(
-            "tests/unit/test_unreadable.py::"
+            "tests/unit/io/test_unreadable.py::"
             "test_a_compression_bomb_is_unreadable_records_not_a_whole_decompression",
         ),
         why="a 1 MiB gzip batch costs 2.3 GB of memory, a zstd one tens of GB",

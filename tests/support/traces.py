@@ -47,6 +47,11 @@ def steps_of(*types: str, tools: dict[int, str] | None = None) -> list[dict[str,
     return [step(i, t, content=f"{t} {i}", tool=tools.get(i)) for i, t in enumerate(types)]
 
 
+def thin_steps(count: int) -> list[dict[str, Any]]:
+    """``count`` minimal thoughts: a big trace that costs little to build."""
+    return [{"step_id": i, "type": "thought"} for i in range(count)]
+
+
 def default_steps() -> list[dict[str, Any]]:
     return [
         step(0, "thought", "Plan the lookup"),

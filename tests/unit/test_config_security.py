@@ -308,9 +308,9 @@ def test_sasl_ssl_settings_reach_the_kafka_clients() -> None:
     # Faust's own consumer and producer get the same, through broker_credentials.
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    from worker.io.app import _credentials
+    from worker.io.app import create_app
 
-    auth = credentials_to_aiokafka_auth(_credentials(settings))
+    auth = credentials_to_aiokafka_auth(create_app(settings).conf.broker_credentials)
     assert auth["security_protocol"] == "SASL_SSL"
     assert auth["sasl_mechanism"] == "SCRAM-SHA-512"
     assert auth["sasl_plain_username"] == "alice"
@@ -348,9 +348,10 @@ def test_ssl_with_client_certificate(client_cert: tuple[Path, Path]) -> None:
 
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    from worker.io.app import _credentials
+    from worker.io.app import create_app
 
-    assert credentials_to_aiokafka_auth(_credentials(settings))["security_protocol"] == "SSL"
+    credentials = create_app(settings).conf.broker_credentials
+    assert credentials_to_aiokafka_auth(credentials)["security_protocol"] == "SSL"
 
 
 @pytest.mark.skipif(CA_FILE is None, reason="no CA bundle on this machine")
@@ -389,7 +390,7 @@ def test_fetch_wait_setting_reaches_the_group_consumer() -> None:
 
     async def build() -> int:
         app = create_app(load_settings(fetch_max_wait_ms=7))
-        consumer = app.consumer._thread._create_worker_consumer(app.transport)
+        consumer = app.consumer._new_consumer_thread()._create_worker_consumer(app.transport)
         try:
             return consumer._fetch_max_wait_ms
         finally:

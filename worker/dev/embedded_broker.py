@@ -28,7 +28,13 @@ from types import TracebackType
 from worker.dev.process import free_loopback_port
 from worker.retry import backoff
 
-__all__ = ["BrokerStartError", "EmbeddedBroker", "KafkaUnreachableError", "wait_for_kafka"]
+__all__ = [
+    "BrokerStartError",
+    "EmbeddedBroker",
+    "KafkaUnreachableError",
+    "api_versions",
+    "wait_for_kafka",
+]
 
 # ApiVersions (api key 18) v0 has an empty body and a v0 response header, so every Kafka
 # protocol implementation can answer it, whatever versions it supports otherwise.
@@ -76,7 +82,7 @@ def wait_for_kafka(bootstrap_servers: str, timeout: float) -> None:
         for host, port in servers:
             remaining = deadline - time.monotonic()
             try:
-                error_code = _api_versions(host, port, timeout=max(0.05, min(2.0, remaining)))
+                error_code = api_versions(host, port, timeout=max(0.05, min(2.0, remaining)))
             except OSError as exc:
                 last_errors[f"{host}:{port}"] = _describe_os_error(exc)
                 continue
@@ -242,7 +248,7 @@ class EmbeddedBroker:
             if _READY_MARKER in log_text:
                 remaining = deadline - time.monotonic()
                 with contextlib.suppress(OSError):
-                    answered = _api_versions(
+                    answered = api_versions(
                         "127.0.0.1", self.port, timeout=max(0.05, min(1.0, remaining))
                     )
                     if answered == _ERROR_NONE and self._process.poll() is None:
@@ -339,7 +345,7 @@ def _parse_bootstrap(bootstrap_servers: str) -> list[tuple[str, int]]:
     return servers
 
 
-def _api_versions(host: str, port: int, timeout: float) -> int:
+def api_versions(host: str, port: int, timeout: float) -> int:
     """Send one ApiVersions v0 request and return the error code the broker answers with."""
     correlation_id = next(_correlation_ids) & 0x7FFFFFFF
     # Request header v1: api_key, api_version, correlation_id, client_id; v0 body is empty.

@@ -60,12 +60,12 @@ Feeds = dict[str, np.ndarray]
 # whole time (bench/model_runs.py); shorter slices were not measured.
 MIN_TOKENS_PER_SLICE = 32
 # Long enough for the 3 slices the check runs; odd, and no other dimension of the model.
-_PROBE_TOKENS = 3 * MIN_TOKENS_PER_SLICE + 7
+PROBE_TOKENS = 3 * MIN_TOKENS_PER_SLICE + 7
 _TOKEN_AXIS = 1  # of the inputs [batch, tokens] and the hidden states [batch, tokens, width]
 
 
 @dataclass(frozen=True, slots=True)
-class _Stage:
+class Stage:
     """One way through the shared session: the whole model, or one stage of it."""
 
     session: ort.InferenceSession
@@ -110,9 +110,9 @@ class StagedEncoder:
 
     def __init__(
         self,
-        whole: _Stage,
-        embeddings: _Stage,
-        layers: Sequence[_Stage],
+        whole: Stage,
+        embeddings: Stage,
+        layers: Sequence[Stage],
         cuts: Sequence[LayerCut],
         axes: _Axes,
         model_inputs: Sequence[str],
@@ -127,7 +127,7 @@ class StagedEncoder:
         self._output = Port(output)
 
     @property
-    def branches(self) -> tuple[_Stage, ...]:
+    def branches(self) -> tuple[Stage, ...]:
         """The whole model, the embeddings stage, then each layer's: the session's branches
         in the order of their numbers."""
         return (self._whole, self._embeddings, *self._layers)
@@ -192,7 +192,7 @@ class StagedEncoder:
 
     def _run_stage(
         self,
-        stage: _Stage,
+        stage: Stage,
         keys: FloatArray,
         values: FloatArray,
         mask: FloatArray,
@@ -296,14 +296,14 @@ def _difference(
 
 def _probe_feeds(input_names: Sequence[str], token_ids: Sequence[int]) -> list[Feeds]:
     """One text alone and a padded batch of two: the shapes the embedder feeds."""
-    ids = np.resize(np.asarray(token_ids, dtype=np.int64), _PROBE_TOKENS)
+    ids = np.resize(np.asarray(token_ids, dtype=np.int64), PROBE_TOKENS)
     batch = np.stack([ids, np.roll(ids, 5)])
     batch_mask = np.ones_like(batch)
     batch_mask[1, -9:] = 0
     batch[1, -9:] = 0
     probes = []
     for input_ids, mask in (
-        (ids[None, :], np.ones((1, _PROBE_TOKENS), np.int64)),
+        (ids[None, :], np.ones((1, PROBE_TOKENS), np.int64)),
         (batch, batch_mask),
     ):
         feeds: Feeds = {"input_ids": input_ids, "attention_mask": mask}
@@ -334,14 +334,14 @@ def _build(
     session = sessions.open(model_bytes, optimise=False)
     del model_bytes
     whole, embeddings, *layers = (
-        _Stage(session, np.array(number, dtype=np.int64), *ports[number], *names[number])
+        Stage(session, np.array(number, dtype=np.int64), *ports[number], *names[number])
         for number in range(len(ports))
     )
     axes = _token_axes(embeddings, cuts, probe)
     return StagedEncoder(whole, embeddings, layers, cuts, axes, input_names, output_name)
 
 
-def _token_axes(embeddings: _Stage, cuts: Sequence[LayerCut], probe: Feeds) -> _Axes:
+def _token_axes(embeddings: Stage, cuts: Sequence[LayerCut], probe: Feeds) -> _Axes:
     """The token axis of the keys, values and mask, read from their shapes on the probe."""
     tokens = probe["input_ids"].shape[_TOKEN_AXIS]
     produced = embeddings.run(probe)

@@ -1,6 +1,6 @@
 """Every private member of faust and aiokafka that the worker overrides, in one place.
 
-Each override below names what it buys; ``tests/unit/test_library_overrides.py`` fails when
+Each override below names what it buys; ``tests/unit/io/test_library_overrides.py`` fails when
 the library renames or reshapes a member used here. The other override, aiokafka's
 ``PartitionRecords`` and its codec functions (unreadable and oversized batches), lives in
 :mod:`worker.io.unreadable`, installed from here, with its own tests.

@@ -15,7 +15,7 @@ naming why, so the scorer dead-letters it (``unreadable``) and the worker moves 
 bound, a 1 GiB gzip bomb peaks at ~0.4 GB instead of 2.3 GB (``bench/compression_bomb.py``).
 
 This overrides aiokafka's private ``PartitionRecords`` and its record modules' codec functions;
-``tests/unit/test_unreadable.py`` fails when aiokafka changes what it builds on.
+``tests/unit/io/test_unreadable.py`` fails when aiokafka changes what it builds on.
 """
 
 from __future__ import annotations
@@ -96,7 +96,10 @@ class _WholeBatches:
         return None if batch is None else _WholeBatch(batch)
 
 
-class _TolerantPartitionRecords(fetcher.PartitionRecords):  # type: ignore[misc]
+class TolerantPartitionRecords(fetcher.PartitionRecords):  # type: ignore[misc]
+    """aiokafka's partition records with each batch read whole: a batch it cannot read is one
+    unreadable record per offset (what :func:`install` puts in every consumer)."""
+
     def __init__(self, tp: Any, records: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(tp, _WholeBatches(records), *args, **kwargs)
 
@@ -152,8 +155,8 @@ def _bounded_cramjam(
 
 def install(max_batch_bytes: int) -> None:
     """Make every aiokafka consumer of this process read batches as this module says."""
-    if fetcher.PartitionRecords is not _TolerantPartitionRecords:
-        fetcher.PartitionRecords = _TolerantPartitionRecords
+    if fetcher.PartitionRecords is not TolerantPartitionRecords:
+        fetcher.PartitionRecords = TolerantPartitionRecords
     codecs = {
         "gzip_decode": _bounded_gzip(max_batch_bytes),
         "lz4_decode": _bounded_cramjam(cramjam.lz4.decompress_into, max_batch_bytes),

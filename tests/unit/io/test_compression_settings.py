@@ -6,10 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aiokafka.errors import UnsupportedVersionError
 
+from worker.io import publisher as publisher_module
 from worker.io.app import ScorerApp
 from worker.io.publisher import Publisher
 from worker.settings import SettingsError, load_settings
+
+from support.clients import built_clients
 
 
 @pytest.fixture(autouse=True)
@@ -33,12 +37,26 @@ def test_every_producer_uses_the_chosen_codec(
     settings = load_settings()
     assert settings.producer_compression == codec
 
-    async def publisher_codecs() -> tuple[str | None, str | None]:
-        publisher = Publisher(settings)
-        # The producer it starts with, and the plain one it falls back to.
-        return publisher._producer._compression_type, publisher._new_producer()._compression_type
+    producers = built_clients(monkeypatch, publisher_module, "AIOKafkaProducer")
 
-    assert asyncio.run(publisher_codecs()) == (codec, codec)
+    class GrantsNoProducerIds(publisher_module.AIOKafkaProducer):  # type: ignore[name-defined]
+        """A broker without producer ids: an idempotent producer cannot start."""
+
+        async def start(self) -> None:
+            if producers[-1].kwargs["enable_idempotence"]:
+                raise UnsupportedVersionError("no producer ids")
+
+    monkeypatch.setattr(publisher_module, "AIOKafkaProducer", GrantsNoProducerIds)
+
+    async def start_and_stop() -> None:
+        publisher = Publisher(settings)
+        await publisher.start()
+        await publisher.stop()
+
+    asyncio.run(start_and_stop())
+    # The producer it starts with, and the plain one it falls back to.
+    assert [built.kwargs["enable_idempotence"] for built in producers] == [True, False]
+    assert [built.kwargs["compression_type"] for built in producers] == [codec, codec]
     app = ScorerApp(settings)
     assert app.conf.producer_compression_type == codec
     assert app.producer._settings_default()["compression_type"] == codec

@@ -35,10 +35,13 @@ from rich.console import Console
 from worker.cli import demo
 from worker.cli import main as cli
 from worker.dev.process import free_loopback_port
+from worker.io import kafka
+from worker.io import publisher as publisher_module
 from worker.io.kafka import COMMAND_GIVE_UP_SECONDS, PartitionLogReader
 from worker.io.publisher import Publisher
 from worker.settings import Settings, load_settings, unknown_variables
 
+from support.clients import built_clients
 from support.paths import REPO
 from support.traces import code_review_example
 
@@ -86,7 +89,9 @@ def test_an_unreachable_broker_exits_1(args: list[str]) -> None:
     assert "Kafka unreachable" in done.stderr.strip().splitlines()[-1]
 
 
-def test_commands_give_up_on_a_silent_broker_after_the_documented_30_s() -> None:
+def test_commands_give_up_on_a_silent_broker_after_the_documented_30_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A broker that accepts connections and never answers: each request of a command's
     clients gives up after 30 s (aiokafka's own default is 40 s), and so does publishing,
     counted from when the records were sent."""
@@ -95,13 +100,17 @@ def test_commands_give_up_on_a_silent_broker_after_the_documented_30_s() -> None
     assert COMMAND_GIVE_UP_SECONDS == 30
     settings = load_settings()
 
+    consumers = built_clients(monkeypatch, kafka, "AIOKafkaConsumer")
+    producers = built_clients(monkeypatch, publisher_module, "AIOKafkaProducer")
+
     async def timeouts() -> tuple[int, int]:
         reader = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
         publisher = Publisher(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
         try:
+            (consumer,), (producer,) = consumers, producers
             return (
-                reader._consumer._client._request_timeout_ms,
-                publisher._producer.client._request_timeout_ms,
+                consumer.client._client._request_timeout_ms,
+                producer.client.client._request_timeout_ms,
             )
         finally:
             await reader.stop()

@@ -24,10 +24,10 @@ from worker.embedding import EmbedderConfig, OnnxEmbedder, open_embedder
 from worker.embedding.pool import ThreadUse
 from worker.embedding.session import SessionFactory, streamlined_model
 from worker.embedding.stages import (
-    _PROBE_TOKENS,
     MIN_TOKENS_PER_SLICE,
+    PROBE_TOKENS,
+    Stage,
     StagedEncoder,
-    _Stage,
     most_slices,
     staged_encoder,
 )
@@ -129,14 +129,14 @@ def test_a_split_run_that_joins_and_splits_again_gives_the_same_bits(
 def branches_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """The numbers of the branches the stages' session runs meanwhile (0: the whole model)."""
     taken: list[int] = []
-    real = _Stage.run
+    real = Stage.run
 
-    def counted(self: _Stage, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def counted(self: Stage, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         taken.append(int(self.path))
         return real(self, feeds)
 
     with monkeypatch.context() as patch:
-        patch.setattr(_Stage, "run", counted)
+        patch.setattr(Stage, "run", counted)
         yield taken
 
 
@@ -338,7 +338,7 @@ def test_a_model_the_stages_cannot_reproduce_runs_whole(tmp_path: Path) -> None:
 
 def test_the_load_check_probes_are_long_enough_for_every_slice_count_it_checks() -> None:
     """A probe too short for 3 slices would be cut into 2, and 3 slices never checked."""
-    assert most_slices(_PROBE_TOKENS) >= 3
+    assert most_slices(PROBE_TOKENS) >= 3
 
 
 def test_staging_is_checked_against_the_whole_model(monkeypatch: pytest.MonkeyPatch) -> None:

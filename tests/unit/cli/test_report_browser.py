@@ -4,7 +4,7 @@ chart is drawn with a size and marks on it, the page logs no error, and a screen
 whole page is taken.
 
 ``REPORT_SCREENSHOT=PATH`` also writes the screenshot there (how docs/report.png is made:
-``REPORT_SCREENSHOT=docs/report.png python -m pytest -n 0 tests/unit/test_report_browser.py``).
+``REPORT_SCREENSHOT=docs/report.png python -m pytest -n 0 tests/unit/cli/test_report_browser.py``).
 """
 
 from __future__ import annotations

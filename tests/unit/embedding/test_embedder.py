@@ -1,7 +1,7 @@
 """The embedder: golden vectors, batch invariance, truncation at 256, fallback on load failures.
 
 The golden vectors in tests/data/golden_embeddings.json were computed once with this
-implementation (`python tests/unit/test_embedder.py --regenerate`); a change in them means
+implementation (`python tests/unit/embedding/test_embedder.py --regenerate`); a change in them means
 every novelty score in a replay would change.
 """
 
@@ -33,7 +33,9 @@ from worker.embedding.encoder import Encoder, mean_pool_normalise
 from worker.embedding.files import model_id
 from worker.settings import Settings, SettingsError, load_settings
 
-GOLDEN_PATH = Path(__file__).resolve().parents[1] / "data" / "golden_embeddings.json"
+from support.paths import DATA, REPO
+
+GOLDEN_PATH = DATA / "golden_embeddings.json"
 GOLDEN_TEXTS = {
     "english": "The agent searched the knowledge base, found two conflicting answers and "
     "asked the user which policy applies.",
@@ -409,7 +411,7 @@ def test_the_worker_reads_split_runs_through_the_embedder_protocol(
     assert all(hasattr(embedder, name) for name in members)
     assert embedder.runs_split == 0
     assert embedder.split_note is not None and "not split" in embedder.split_note
-    worker_sources = (Path(__file__).resolve().parents[2] / "worker").rglob("*.py")
+    worker_sources = (REPO / "worker").rglob("*.py")
     probes = re.compile(r"(getattr|hasattr)\([^)]*embedder")
     assert [path.name for path in worker_sources if probes.search(path.read_text())] == []
 
@@ -434,7 +436,7 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--regenerate"]:
         _regenerate()
     else:
-        sys.exit("usage: python tests/unit/test_embedder.py --regenerate")
+        sys.exit("usage: python tests/unit/embedding/test_embedder.py --regenerate")
 
 
 @pytest.mark.parametrize(

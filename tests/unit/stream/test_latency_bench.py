@@ -17,7 +17,7 @@ import pytest
 
 from worker.stream.timing import STAGES, TIMING_HEADER
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[3] / "bench"
 
 
 @pytest.fixture(scope="module")

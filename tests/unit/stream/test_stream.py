@@ -19,6 +19,7 @@ from worker.core.records import RoutedRecord, SourceRecord
 from worker.core.scorer import Prepared, Scorer, Thresholds
 from worker.core.scoring import load_profiles
 from worker.embedding.protocol import RunTiming
+from worker.stream.observer import MetricsObserver
 from worker.stream.processor import INLINE_DECODE_BYTES, StreamScorer
 
 from support.traces import make_trace
@@ -312,22 +313,45 @@ def test_close_abandons_what_cannot_be_published_in_time() -> None:
     assert run(scenario()) < 2
 
 
+class InFlight(MetricsObserver):
+    """How many records the pipeline tells its observer are in it (kp_records_in_flight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depths: list[int] = []
+        self.left = 0
+
+    def record_entered(self, depth: int) -> None:
+        super().record_entered(depth)
+        self.depths.append(depth)
+
+    def record_left(self) -> None:
+        super().record_left()
+        self.left += 1
+
+
 def test_stop_before_jobs_start_settles_them_and_frees_their_slots() -> None:
-    """Abandoned records resolve as dropped (None), so nothing awaiting them hangs, and the
-    pipeline counts none of them as still in flight."""
-    records = log_of(3, 0)
+    """Abandoned records resolve as dropped (None), so nothing awaiting them hangs, the
+    pipeline counts none of them as still in flight, and their slots are free: a pipeline of
+    three slots, stopped with three records in it, still takes (and drops) a fourth."""
+    records = log_of(4, 0)
+    observer = InFlight()
 
-    async def scenario() -> tuple[list[RoutedRecord | None], StreamScorer]:
-        stream = StreamScorer(scorer(), FakeLog(records, committed=0), FakePublisher())
-        pending = await stream.submit(records)  # spawned, none has run a step yet
+    async def scenario() -> tuple[list[RoutedRecord | None], list[RoutedRecord | None]]:
+        log = FakeLog(records, committed=0)
+        stream = StreamScorer(
+            scorer(), log, FakePublisher(), max_in_flight_records=3, observer=observer
+        )
+        pending = await stream.submit(records[:3])  # spawned, none has run a step yet
         await stream.stop()
-        return await asyncio.wait_for(asyncio.gather(*pending), timeout=2), stream
+        abandoned = await asyncio.wait_for(asyncio.gather(*pending), timeout=2)
+        assert stream.checkpoint.in_flight() == 0
+        later = await asyncio.wait_for(stream.submit(records[3:]), timeout=2)
+        return abandoned, await asyncio.wait_for(asyncio.gather(*later), timeout=2)
 
-    results, stream = run(scenario())
-    assert results == [None, None, None]
-    assert stream._depth == 0
-    assert stream.checkpoint.in_flight() == 0
-    assert stream._slots._value == 16
+    abandoned, later = run(scenario())
+    assert abandoned == [None, None, None] and later == [None]
+    assert observer.depths == [1, 2, 3] and observer.left == 3
 
 
 def test_large_records_are_decoded_off_the_event_loop_small_ones_on_it() -> None:

@@ -9,9 +9,12 @@ import asyncio
 
 import pytest
 
+from worker.io import kafka
 from worker.io.app import ScorerApp
 from worker.io.kafka import PartitionLogReader
 from worker.settings import load_settings
+
+from support.clients import built_clients
 
 
 @pytest.fixture(autouse=True)
@@ -30,13 +33,17 @@ def test_every_consumer_bounds_a_whole_fetch(
     bound = settings.fetch_max_bytes
     assert bound == max(1 << 20, 2 * settings.max_message_bytes)
 
+    readers = built_clients(monkeypatch, kafka, "AIOKafkaConsumer")
+
     async def fetch_limits() -> list[tuple[int, int]]:
         app = ScorerApp(settings)
-        group = app.consumer._thread._create_worker_consumer(app.transport)
-        reader = PartitionLogReader(settings)._consumer
-        limits = [(c._fetch_max_bytes, c._max_partition_fetch_bytes) for c in (group, reader)]
-        for consumer in (group, reader):
-            await consumer.stop()
+        group = app.consumer._new_consumer_thread()._create_worker_consumer(app.transport)
+        reader = PartitionLogReader(settings)
+        (built,) = readers
+        consumers = (group, built.client)
+        limits = [(c._fetch_max_bytes, c._max_partition_fetch_bytes) for c in consumers]
+        await group.stop()
+        await reader.stop()
         return limits
 
     assert asyncio.run(fetch_limits()) == [(bound, bound), (bound, bound)]

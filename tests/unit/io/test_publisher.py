@@ -14,6 +14,7 @@ from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from worker.core.errors import EmptyMessageError
 from worker.core.output import KEY_NULL_HEADER, dead_letter, without_value
 from worker.core.records import Decision, RoutedRecord, SourceRecord
+from worker.io import publisher as publisher_module
 from worker.io.publisher import Publisher
 from worker.settings import load_settings
 
@@ -38,12 +39,10 @@ class RecordingProducer:
 
 
 def publish(routed: list[RoutedRecord], producer: RecordingProducer) -> list[dict[str, Any]]:
-    async def run() -> None:
-        publisher = Publisher(load_settings())  # its aiokafka producer needs a running loop
-        publisher._producer = producer  # type: ignore[assignment]
-        await publisher.publish(routed)
-
-    asyncio.run(run())
+    """What reaches the Kafka client when a publisher whose client is ``producer`` publishes."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(publisher_module, "AIOKafkaProducer", lambda **config: producer)
+        asyncio.run(Publisher(load_settings()).publish(routed))
     return producer.sent
 
 

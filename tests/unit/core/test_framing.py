@@ -14,7 +14,7 @@ import sys
 import orjson
 import pytest
 
-from unit.test_output_schemas import validator
+from unit.core.test_output_schemas import validator
 from worker.core.cache import PartitionCaches
 from worker.core.errors import FramingError, TraceError
 from worker.core.records import Decision, RoutedRecord, SourceRecord

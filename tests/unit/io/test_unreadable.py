@@ -19,6 +19,8 @@ from support.traces import trace_bytes
 
 TP = TopicPartition("kp.traces.raw", 0)
 LIMIT = 4 << 20
+# aiokafka's own reading, which the override extends.
+AIOKAFKA_RECORDS = unreadable.TolerantPartitionRecords.__mro__[1]
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
 
@@ -69,17 +71,17 @@ def test_aiokafka_still_refuses_a_header_name_that_is_not_utf8() -> None:
     """Why the override exists: aiokafka's own reading raises, which ends a consumer."""
     raw = batch({1: [(NotUtf8Name("h"), b"v")]})
     with pytest.raises(Exception, match=r"utf-8|UnicodeDecodeError"):
-        read(raw, unreadable._TolerantPartitionRecords.__mro__[1])
+        read(raw, AIOKAFKA_RECORDS)
 
 
 def test_the_override_is_installed_for_every_consumer() -> None:
-    assert fetcher.PartitionRecords is unreadable._TolerantPartitionRecords
-    assert issubclass(fetcher.PartitionRecords, unreadable._TolerantPartitionRecords.__mro__[1])
+    assert fetcher.PartitionRecords is unreadable.TolerantPartitionRecords
+    assert issubclass(fetcher.PartitionRecords, AIOKAFKA_RECORDS)
 
 
 def test_a_readable_batch_reads_as_aiokafka_reads_it() -> None:
     raw = batch({0: [("trace", b"t")], 2: [("a", b"1"), ("b", b"2")]})
-    plain = read(raw, unreadable._TolerantPartitionRecords.__mro__[1])
+    plain = read(raw, AIOKAFKA_RECORDS)
     tolerant = read(raw, fetcher.PartitionRecords)
     assert [(r.offset, r.key, r.value, r.headers, r.timestamp) for r in tolerant] == [
         (r.offset, r.key, r.value, r.headers, r.timestamp) for r in plain
@@ -121,7 +123,7 @@ def test_an_unreadable_record_is_dead_lettered_without_a_value() -> None:
 def test_compressed_batches_within_the_bound_read_as_aiokafka_reads_them(codec: str) -> None:
     values = {0: b"x" * (LIMIT // 2), 1: orjson_trace()}
     raw = batch({1: [("h", b"v")]}, codec=codec, value_of=values)
-    plain = read(raw, unreadable._TolerantPartitionRecords.__mro__[1])
+    plain = read(raw, AIOKAFKA_RECORDS)
     assert [(r.offset, r.value, r.headers) for r in read(raw, fetcher.PartitionRecords)] == [
         (r.offset, r.value, r.headers) for r in plain
     ]
