@@ -28,7 +28,7 @@ from worker.core.records import SourceRecord
 from worker.core.scorer import build_scorer
 from worker.embedding import Embedder
 from worker.io import http
-from worker.io.kafka import PartitionLogReader, ensure_topics
+from worker.io.kafka import PartitionLogReader, client_config, ensure_topics
 from worker.io.library_overrides import ScorerTransport
 from worker.io.publisher import Publisher
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
@@ -55,8 +55,6 @@ MEMORY_TRIM_SECONDS = 1.0
 
 
 def _credentials(settings: Settings) -> Any:
-    from worker.io.kafka import client_config
-
     if settings.security_protocol == "PLAINTEXT":
         return None
     config = client_config(settings)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -92,29 +93,32 @@ def client_config(settings: Settings) -> dict[str, Any]:
     return config
 
 
-async def topic_partitions(settings: Settings, topic: str) -> list[int]:
-    """The partitions of a topic (none when it does not exist), from the broker's metadata."""
+@asynccontextmanager
+async def _admin(settings: Settings) -> AsyncIterator[AIOKafkaAdminClient]:
     admin = AIOKafkaAdminClient(**client_config(settings))
     await admin.start()
     try:
-        (described,) = await admin.describe_topics([topic])
+        yield admin
     finally:
         await admin.close()
+
+
+async def _partitions(admin: AIOKafkaAdminClient, topic: str) -> list[int]:
+    (described,) = await admin.describe_topics([topic])
     if described.get("error_code"):
         return []
     return sorted(p["partition"] for p in described.get("partitions", ()))
 
 
-async def partitions_of(settings: Settings, topic: str) -> int | None:
-    """Partition count of a topic, or None when it does not exist."""
-    return len(await topic_partitions(settings, topic)) or None
+async def topic_partitions(settings: Settings, topic: str) -> list[int]:
+    """The partitions of a topic (none when it does not exist), from the broker's metadata."""
+    async with _admin(settings) as admin:
+        return await _partitions(admin, topic)
 
 
 async def ensure_topics(settings: Settings, output_topics: Sequence[str]) -> int:
     """Create the input topic (if missing) and the output topics; returns input partitions."""
-    admin = AIOKafkaAdminClient(**client_config(settings))
-    await admin.start()
-    try:
+    async with _admin(settings) as admin:
         existing = set(await admin.list_topics())
         to_create: list[NewTopic] = []
         input_partitions = settings.input_partitions
@@ -123,7 +127,7 @@ async def ensure_topics(settings: Settings, output_topics: Sequence[str]) -> int
                 NewTopic(settings.input_topic, input_partitions, settings.replication_factor)
             )
         else:
-            input_partitions = await partitions_of(settings, settings.input_topic) or 1
+            input_partitions = len(await _partitions(admin, settings.input_topic)) or 1
         partitions = settings.output_partitions or input_partitions
         to_create += [
             _output_topic(name, partitions, settings)
@@ -132,22 +136,16 @@ async def ensure_topics(settings: Settings, output_topics: Sequence[str]) -> int
         ]
         await _create(admin, to_create)
         return input_partitions
-    finally:
-        await admin.close()
 
 
 async def create_topics(settings: Settings, names: Sequence[str], partitions: int) -> None:
     """Create the topics that do not exist yet."""
-    admin = AIOKafkaAdminClient(**client_config(settings))
-    await admin.start()
-    try:
+    async with _admin(settings) as admin:
         existing = set(await admin.list_topics())
         await _create(
             admin,
             [_output_topic(name, partitions, settings) for name in names if name not in existing],
         )
-    finally:
-        await admin.close()
 
 
 def _output_topic(name: str, partitions: int, settings: Settings) -> NewTopic:
@@ -317,12 +315,3 @@ class PartitionLogReader:
             async for chunk in self.iter_range(topic, partition, start, end)
             for record in chunk
         ]
-
-
-__all__ = [
-    "KafkaError",
-    "PartitionLogReader",
-    "client_config",
-    "ensure_topics",
-    "stop_all",
-]
