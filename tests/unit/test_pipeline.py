@@ -539,12 +539,6 @@ def test_warm_partition_with_expiry_matches_the_live_run() -> None:
     assert novelty_of(got[1])[0] == pytest.approx(0.0, abs=1e-5)
 
 
-def test_stage_timings_are_reported() -> None:
-    result = scorer(embedder=FakeEmbedder()).score_batch([texts_record("t", 0)])
-    stages = result.stages
-    assert min(stages.decode, stages.embed, stages.novelty, stages.score) >= 0.0
-
-
 # --- build_scorer -------------------------------------------------------------------------
 
 
