@@ -145,7 +145,7 @@ def test_valid_and_invalid_records_are_routed() -> None:
     assert result.routed[0].breakdown.score == pytest.approx(FINANCE_EXPECTED_SCORE, abs=1e-9)
     assert result.routed[1].breakdown is not None
     assert result.routed[1].breakdown.score == pytest.approx(CODE_REVIEW_EXPECTED_SCORE, abs=1e-9)
-    assert result.routed[0].trace_id == "kp:trace:finance-demo-001"
+    assert orjson.loads(result.routed[0].value or b"")["trace"]["id"] == "kp:trace:finance-demo-001"
     assert result.routed[0].domain_label == "finance"
     assert result.routed[1].domain_label == OTHER_DOMAIN  # code-review is not a profile
     assert result.routed[2].domain_label == OTHER_DOMAIN

@@ -87,7 +87,6 @@ def scored(
         headers=headers,
         domain_label=domain_label,
         breakdown=breakdown,
-        trace_id=trace.id,
     )
 
 
