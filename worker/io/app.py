@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import socket
 import tempfile
@@ -26,7 +27,6 @@ from worker.core.failures import FailurePolicy
 from worker.core.output import output_topics
 from worker.core.records import SourceRecord
 from worker.core.scorer import build_scorer
-from worker.embedding import Embedder
 from worker.io import http
 from worker.io.kafka import PartitionLogReader, client_config, ensure_topics
 from worker.io.library_overrides import ScorerTransport
@@ -195,7 +195,10 @@ class ScorerApp(faust.App):
                 "input_topic": settings.input_topic,
                 "group_id": settings.group_id,
                 "model": scorer.model_id,
-                "model_runs_split": _model_runs_split(embedder),
+                # Whether a lone text's run is split over idle model threads, or why not.
+                "model_runs_split": "no embedder"
+                if embedder is None
+                else embedder.split_note or "when the other model threads are idle",
                 "metrics_port": settings.metrics_port,
                 "idempotent_publishing": self._publisher.idempotent,
             },
@@ -242,13 +245,6 @@ class ScorerApp(faust.App):
             self._http.shutdown()
 
 
-def _model_runs_split(embedder: Embedder | None) -> str:
-    """Whether a lone text's run is split over idle model threads, or why not."""
-    if embedder is None:
-        return "no embedder"
-    return embedder.split_note or "when the other model threads are idle"
-
-
 async def _tick(observer: MetricsObserver) -> None:
     """Stamp the event loop's liveness for /healthz (read from the HTTP thread)."""
     while True:
@@ -270,8 +266,7 @@ async def _wait_for_kafka(
     the broker counts as reached (``kp_broker_reachable``) once they are there."""
     outputs = list(output_topics(settings).values())
     delays = backoff(STARTUP_BACKOFF_SECONDS)
-    attempt = 0
-    while True:
+    for attempt in itertools.count(1):
         try:
             await ensure_topics(settings, outputs)
             observer.broker_reached()
@@ -285,10 +280,9 @@ async def _wait_for_kafka(
                     "bootstrap_servers": settings.kafka_bootstrap_servers,
                     "error": error_line(exc),
                     "retry_in_s": delay,
-                    "attempt": attempt + 1,
+                    "attempt": attempt,
                 },
             )
-            attempt += 1
             await asyncio.sleep(delay)
 
 
