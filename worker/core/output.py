@@ -74,19 +74,22 @@ def scored(
         {"version": __version__, "model": model_id, "embedder_available": model_id is not None},
         source,
     )
-    headers = (
-        *producer_headers(record.headers),
-        (f"{HEADER_PREFIX}decision", decision.value.encode()),
-        (f"{HEADER_PREFIX}score", repr(breakdown.score).encode()),
-        (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
-    )
     return RoutedRecord(
         source=record,
         decision=decision,
         value=value,
-        headers=headers,
+        headers=(*producer_headers(record.headers), *verdict_headers(decision, breakdown.score)),
         domain_label=domain_label,
         breakdown=breakdown,
+    )
+
+
+def verdict_headers(decision: Decision, score: float) -> _Headers:
+    """The scorer's own headers on an accepted or rejected output."""
+    return (
+        (f"{HEADER_PREFIX}decision", decision.value.encode()),
+        (f"{HEADER_PREFIX}score", repr(score).encode()),
+        (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
     )
 
 

@@ -25,7 +25,7 @@ import orjson
 
 from worker import __version__
 from worker.core.errors import TraceError
-from worker.core.output import HEADER_PREFIX, scored_value
+from worker.core.output import HEADER_PREFIX, scored_value, verdict_headers
 from worker.core.records import Decision, RoutedRecord, SourceRecord
 from worker.core.schema import check_trace_document
 from worker.core.scoring import (
@@ -238,9 +238,7 @@ def rescored_record(recorded: SourceRecord, rescored: Rescored) -> RoutedRecord:
     """The record to publish: the recorded output's key and headers, with the new verdict."""
     headers = (
         *(h for h in recorded.headers if h[0] not in _SCORE_HEADERS),
-        (f"{HEADER_PREFIX}decision", rescored.decision.value.encode()),
-        (f"{HEADER_PREFIX}score", repr(rescored.breakdown.score).encode()),
-        (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
+        *verdict_headers(rescored.decision, rescored.breakdown.score),
         (f"{HEADER_PREFIX}rescore-of", rescored.rescore_of.encode()),
     )
     return RoutedRecord(
