@@ -188,10 +188,10 @@ class Partition:
         return [result for result in results if result is not None]
 
     def _result(self, routed: RoutedRecord) -> ScoreResult:
-        if routed.error is not None or routed.breakdown is None or routed.value is None:
-            kind = routed.error.kind if routed.error else "internal"
-            reason = routed.error.reason if routed.error else "no score"
-            return DeadLetter(kind=kind, reason=reason, value=routed.value)
+        error = routed.error
+        if error is not None:
+            return DeadLetter(kind=error.kind, reason=error.reason, value=routed.value)
+        assert routed.breakdown is not None and routed.value is not None  # a scored output
         # Domain and threshold as the published envelope states them.
         envelope = orjson.loads(routed.value)
         domain = envelope["trace"]["metadata"]["task_domain"]
