@@ -25,10 +25,9 @@ from faust.types import TP, TransportT
 from worker import __version__
 from worker.core.failures import FailurePolicy
 from worker.core.output import output_topics
-from worker.core.records import SourceRecord
 from worker.core.scorer import build_scorer
 from worker.io import http
-from worker.io.kafka import PartitionLogReader, client_config, ensure_topics
+from worker.io.kafka import PartitionLogReader, client_config, ensure_topics, source_record
 from worker.io.library_overrides import ScorerTransport
 from worker.io.publisher import Publisher
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
@@ -286,21 +285,6 @@ async def _wait_for_kafka(
             await asyncio.sleep(delay)
 
 
-def _source_record(message: Any) -> SourceRecord:
-    headers = message.headers or ()
-    if isinstance(headers, dict):
-        headers = headers.items()
-    return SourceRecord(
-        topic=message.topic,
-        partition=message.partition,
-        offset=message.offset,
-        timestamp_ms=round(message.timestamp * 1000) if message.timestamp else 0,
-        key=message.key,
-        value=message.value,
-        headers=tuple((str(k), bytes(v or b"")) for k, v in headers),
-    )
-
-
 def create_app(
     settings: Settings | None = None, metrics_listener: socket.socket | None = None
 ) -> ScorerApp:
@@ -319,7 +303,8 @@ def create_app(
             message = event.message
             app.observer.broker_fetched()
             await app.stream_scorer.submit(
-                [_source_record(message)],
+                # faust gives the timestamp in seconds.
+                [source_record(message, round((message.timestamp or 0) * 1000))],
                 [message.time_in or time.monotonic()],
                 [functools.partial(manual.ack, event)],
             )

@@ -177,15 +177,20 @@ async def _create(admin: AIOKafkaAdminClient, topics: list[NewTopic]) -> None:
         log.info("created topic", extra={"topic": topic.name, "partitions": topic.num_partitions})
 
 
-def _source_record(message: Any) -> SourceRecord:
+def source_record(message: Any, timestamp_ms: int) -> SourceRecord:
+    """A consumed record (aiokafka's or faust's) as the scorer takes it. A header value may be
+    null on the wire: it is read as empty bytes."""
+    headers = message.headers or ()
+    if isinstance(headers, dict):
+        headers = headers.items()
     return SourceRecord(
         topic=message.topic,
         partition=message.partition,
         offset=message.offset,
-        timestamp_ms=int(message.timestamp),
+        timestamp_ms=timestamp_ms,
         key=message.key,
         value=message.value,
-        headers=tuple((k, bytes(v)) for k, v in (message.headers or ())),
+        headers=tuple((str(k), bytes(v or b"")) for k, v in headers),
     )
 
 
@@ -296,7 +301,7 @@ class PartitionLogReader:
             idle_rounds = 0
             chunk = []
             for message in messages:
-                record = _source_record(message)
+                record = source_record(message, message.timestamp)
                 if stop_at is not None and record.offset >= stop_at:
                     break
                 if end_time_ms is not None and record.timestamp_ms >= end_time_ms:
