@@ -260,10 +260,6 @@ class DomainTally:
     rejected_to_accepted: int = 0
 
 
-def _bin_label(low: float, high: float) -> str:
-    return "unchanged" if low == -1e-12 else f"[{low:+.2f}, {high:+.2f})"
-
-
 @dataclass
 class RescoreSummary:
     """Before/after of a re-scoring run, accumulated record by record (no per-record list)."""
@@ -330,9 +326,10 @@ class RescoreSummary:
         self.dead_letters += 1
 
     def delta_histogram(self) -> list[tuple[str, float, float, int]]:
-        """(label, low, high, records) per bin; bins are [low, high), the last one closed."""
+        """(label, low, high, records) per bin; bins are [low, high), the last one closed; the
+        bin around 0 is "unchanged"."""
         return [
-            (_bin_label(low, high), low, high, count)
+            ("unchanged" if low == -1e-12 else f"[{low:+.2f}, {high:+.2f})", low, high, count)
             for (low, high), count in zip(pairwise(DELTA_BINS), self.histogram, strict=True)
         ]
 
