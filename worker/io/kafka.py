@@ -120,22 +120,16 @@ async def ensure_topics(settings: Settings, output_topics: Sequence[str]) -> int
     """Create the input topic (if missing) and the output topics; returns input partitions."""
     async with _admin(settings) as admin:
         existing = set(await admin.list_topics())
-        to_create: list[NewTopic] = []
-        input_partitions = settings.input_partitions
-        if settings.input_topic not in existing:
-            to_create.append(
-                NewTopic(settings.input_topic, input_partitions, settings.replication_factor)
-            )
+        if settings.input_topic in existing:
+            partitions = len(await _partitions(admin, settings.input_topic)) or 1
+            to_create: list[NewTopic] = []
         else:
-            input_partitions = len(await _partitions(admin, settings.input_topic)) or 1
-        partitions = settings.output_partitions or input_partitions
-        to_create += [
-            _output_topic(name, partitions, settings)
-            for name in output_topics
-            if name not in existing
-        ]
+            partitions = settings.input_partitions
+            to_create = [NewTopic(settings.input_topic, partitions, settings.replication_factor)]
+        width = settings.output_partitions or partitions
+        to_create += [_output_topic(n, width, settings) for n in output_topics if n not in existing]
         await _create(admin, to_create)
-        return input_partitions
+        return partitions
 
 
 async def create_topics(settings: Settings, names: Sequence[str], partitions: int) -> None:
