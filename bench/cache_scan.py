@@ -142,7 +142,7 @@ def rss_child() -> None:
     report(f"+ build_scorer (model loaded, {settings.resolved_embed_concurrency} concurrent runs)")
     long_text = " ".join(["knowledge"] * 300)
     for _ in range(3):
-        scorer.embed([long_text] * BATCH)
+        scorer.embedder.embed([long_text] * BATCH)
     report(f"+ embed() 3 x 8 texts of 256 tokens (embed batch {settings.embed_batch_size})")
     rng = np.random.default_rng(3)
     for partition in range(PARTITIONS_FOR_RSS):

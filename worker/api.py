@@ -12,6 +12,7 @@ same scores.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -23,7 +24,7 @@ from worker.cli.score import LineRecords
 from worker.core.cache import PartitionCaches
 from worker.core.errors import InvalidJsonError
 from worker.core.records import Decision, RoutedRecord, SourceRecord
-from worker.core.rescoring import NotRescored, Rescored, Rescorer
+from worker.core.rescoring import NotRescored, Rescorer
 from worker.core.scorer import Scorer, build_scorer
 from worker.core.scoring import Dimensions, ProfileError, ScoreBreakdown, load_profiles
 from worker.settings import Settings, SettingsError
@@ -187,10 +188,10 @@ class Partition:
         return [result for result in results if result is not None]
 
     def _result(self, routed: RoutedRecord) -> ScoreResult:
-        if routed.error is not None or routed.breakdown is None or routed.value is None:
-            kind = routed.error.kind if routed.error else "internal"
-            reason = routed.error.reason if routed.error else "no score"
-            return DeadLetter(kind=kind, reason=reason, value=routed.value)
+        error = routed.error
+        if error is not None:
+            return DeadLetter(kind=error.kind, reason=error.reason, value=routed.value)
+        assert routed.breakdown is not None and routed.value is not None  # a scored output
         # Domain and threshold as the published envelope states them.
         envelope = orjson.loads(routed.value)
         domain = envelope["trace"]["metadata"]["task_domain"]
@@ -226,19 +227,9 @@ class TraceScorer:
 
     def partition(self, topic: str = "api", number: int = 0) -> Partition:
         """A new, empty partition: its own novelty cache, its offsets from 0."""
-        core = self._core
-        caches = PartitionCaches(core.caches.capacity, core.caches.dimensions, core.caches.ttl_ms)
-        scorer = Scorer(
-            profiles=core.profiles,
-            thresholds=core.thresholds,
-            caches=caches,
-            embedder=core.embedder,
-            max_message_bytes=core.max_message_bytes,
-            embedder_reason=core.embedder_reason,
-            max_output_bytes=core.max_output_bytes,
-            max_json_containers=core.max_json_containers,
-            failures=core.failures,
-        )
+        scorer = copy.copy(self._core)  # the same model, profiles, thresholds and limits
+        caches = self._core.caches
+        scorer.caches = PartitionCaches(caches.capacity, caches.dimensions, caches.ttl_ms)
         return Partition(self, scorer, topic, number)
 
     def score(
@@ -258,9 +249,7 @@ class TraceScorer:
         """Score traces in order in ``partition``, in one batch: the same results as scoring
         them one at a time."""
         items = list(traces)
-        times: list[int | None] = [None] * len(items)
-        if event_times_ms is not None:
-            times = list(event_times_ms)  # type: ignore[arg-type]  # int is int | None
+        times = [None] * len(items) if event_times_ms is None else event_times_ms
         return self._own(partition)._score(items, times)
 
     def _own(self, partition: Partition) -> Partition:
@@ -315,8 +304,4 @@ def rescore_output(
         result = rescorer.rescore_value(raw)
     if isinstance(result, NotRescored):
         return result
-    return _rescored(result)
-
-
-def _rescored(result: Rescored) -> ScoredTrace:
     return _scored(result.decision, result.breakdown, result.value, result.threshold, result.domain)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Iterator, Sequence
 
@@ -24,7 +25,5 @@ def backoff(
         raise ValueError("a backoff schedule needs at least one delay")
     if not 0.0 <= jitter <= 1.0:
         raise ValueError(f"jitter must be in [0, 1], got {jitter}")
-    for delay in schedule:
+    for delay in itertools.chain(schedule, itertools.repeat(schedule[-1])):
         yield delay * (1.0 - jitter * uniform())
-    while True:
-        yield schedule[-1] * (1.0 - jitter * uniform())

@@ -302,9 +302,6 @@ class Settings(BaseSettings):
     def resolved_embed_concurrency(self) -> int:
         return self.embed_concurrency or os.cpu_count() or 1
 
-    def threshold_for(self, domain: str) -> float:
-        return self.domain_thresholds.get(domain, self.accept_threshold)
-
     def masked(self) -> dict[str, object]:
         """Printable form: secrets shown as '**********'."""
         return {
@@ -318,17 +315,6 @@ def env_name(field: str) -> str:
     if field.upper() in ("KAFKA_BOOTSTRAP_SERVERS", "KP_KAFKA_BOOTSTRAP_SERVERS"):
         return "KAFKA_BOOTSTRAP_SERVERS"
     return f"KP_{field.upper()}"
-
-
-def known_variables() -> frozenset[str]:
-    """Every ``KP_*`` variable a setting reads (KAFKA_BOOTSTRAP_SERVERS's alias included)."""
-    return frozenset(f"KP_{name.upper()}" for name in Settings.model_fields)
-
-
-def documented_variables() -> frozenset[str]:
-    """The variable of each setting as the README names it: what a hint may suggest (the
-    ``KP_KAFKA_BOOTSTRAP_SERVERS`` alias is read, but never offered)."""
-    return frozenset(env_name(name) for name in Settings.model_fields)
 
 
 _BUILD_THE_MODEL = (
@@ -357,6 +343,11 @@ def removed_variables(environ: Mapping[str, str]) -> list[str]:
 _KAFKA_TYPO_CUTOFF = 0.85
 
 
+def known_variables() -> frozenset[str]:
+    """Every ``KP_*`` variable a setting reads (KAFKA_BOOTSTRAP_SERVERS's alias included)."""
+    return frozenset(f"KP_{name.upper()}" for name in Settings.model_fields)
+
+
 def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """``KP_*`` variables no setting reads, each with the closest documented name if one is
     close, and ``KAFKA_*`` variables that look like a misspelt ``KAFKA_BOOTSTRAP_SERVERS``.
@@ -366,7 +357,8 @@ def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]
     case-insensitively, as settings read them.
     """
     known = known_variables() | REMOVED_VARIABLES.keys()  # removed ones stop start-up
-    documented = documented_variables()
+    # A hint offers the names the README gives (never the KP_KAFKA_BOOTSTRAP_SERVERS alias).
+    documented = [env_name(name) for name in Settings.model_fields]
     bootstrap = env_name("kafka_bootstrap_servers")
     unknown: list[tuple[str, str | None]] = []
     for name in sorted(environ):
@@ -410,10 +402,6 @@ def load_settings(
     ``environ`` is read instead of the process environment (the Python API's callers).
     """
     flags = flags or {}
-
-    def where(field: str) -> str:
-        return flags.get(field) or env_name(field)
-
     removed = removed_variables(os.environ if environ is None else environ)
     if removed:
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(removed))
@@ -429,7 +417,8 @@ def load_settings(
         problems = []
         for error in exc.errors():
             field = str(error["loc"][0]) if error["loc"] else ""
-            problems.append(f"{where(field) if field else 'settings'}: {error['msg']}")
+            name = (flags.get(field) or env_name(field)) if field else "settings"
+            problems.append(f"{name}: {error['msg']}")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems)) from None
     finally:
         _ENVIRON.reset(token)

@@ -9,17 +9,22 @@ outputs of the records after it again each time.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 
 import orjson
 import pytest
 from confluent_kafka import KafkaException, Producer
 from jsonschema import Draft202012Validator
 
+from worker.core.records import SourceRecord
 from worker.dev.process import WorkerProcess
+from worker.io.kafka import PartitionLogReader
+from worker.settings import load_settings
 
 from support.kafka_helpers import create_topics
 from support.outputs import Output, collect_outputs
@@ -223,3 +228,28 @@ def test_a_batch_the_kafka_client_cannot_read_is_dead_lettered_and_the_worker_go
     assert not errors, errors[0].message
     others = [by_offset[offset] for offset in offsets if offset != offsets[1]]
     assert all(o.decision in ("accepted", "rejected") for o in others)
+
+
+def test_a_null_header_value_is_read_by_the_log_reader(
+    kafka_bootstrap: str, new_topic_name: Callable[[str], str]
+) -> None:
+    """A header value may be null on the wire (librdkafka sends one). The log reader behind
+    replay, rescore and the rebuild of a partition's cache reads it as empty bytes, as the
+    worker's consumer does, instead of failing on the record."""
+    topic = new_topic_name("null-header")
+    create_topics(kafka_bootstrap, [topic], partitions=1)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topic, value=b"{}", partition=0, headers=[("x-null", None)])
+    assert producer.flush(30) == 0, "record left unsent"
+    settings = load_settings(kafka_bootstrap_servers=kafka_bootstrap)
+
+    async def read() -> list[SourceRecord]:
+        reader = PartitionLogReader(settings)
+        await reader.start()
+        try:
+            return await reader.read(topic, 0, 0, 1)
+        finally:
+            await reader.stop()
+
+    (record,) = asyncio.run(read())
+    assert record.headers == (("x-null", b""),)

@@ -616,8 +616,8 @@ def test_k8s_configmaps_are_real_settings_and_profiles(
     settings = settings_from({**env, "KP_PROFILES_FILE": str(local)}, monkeypatch)
     scorer = build_scorer(settings, use_embedder=False)
     assert set(scorer.profiles.names) == set(BUILTIN_PROFILES)
-    assert settings.threshold_for("medical") == 0.8
-    assert settings.threshold_for("code") == settings.accept_threshold == 0.75
+    assert scorer.thresholds.for_domain("medical") == 0.8
+    assert scorer.thresholds.for_domain("code") == settings.accept_threshold == 0.75
 
 
 def test_k8s_autoscaler_is_capped_at_the_partition_count() -> None:

@@ -201,6 +201,13 @@ def test_partitions_do_not_share_novelty(scorer: TraceScorer) -> None:
         other.score(trace, first)
 
 
+def test_a_partition_reads_values_as_the_input_framing_says() -> None:
+    framed = b"\x00\x00\x00\x00\x07" + orjson.dumps(code_review_example())
+    with TraceScorer(load_settings({"KP_INPUT_FRAMING": "json"}), use_embedder=False) as scorer:
+        result = scorer.score(framed, scorer.partition())
+    assert isinstance(result, DeadLetter) and result.kind == "invalid_json"
+
+
 def test_event_time_is_what_the_ttl_measures(no_model: TraceScorer) -> None:
     with TraceScorer(load_settings({"KP_CACHE_TTL_SECONDS": "1"})) as scorer:
         partition = scorer.partition()

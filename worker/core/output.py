@@ -6,7 +6,6 @@ the original bytes and explain themselves in headers (``schemas/dead-letter-head
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -59,7 +58,12 @@ def scored(
     model_id: str | None,
 ) -> RoutedRecord:
     """An accepted or rejected output: the input key and headers, the trace with its score."""
-    source = source_json(record)
+    source: dict[str, Any] = {
+        "topic": record.topic,
+        "partition": record.partition,
+        "offset": record.offset,
+        "timestamp": record.timestamp_ms,
+    }
     if trace.schema_id is not None:
         source["schema_id"] = trace.schema_id
     value = scored_value(
@@ -70,20 +74,22 @@ def scored(
         {"version": __version__, "model": model_id, "embedder_available": model_id is not None},
         source,
     )
-    headers = (
-        *producer_headers(record.headers),
-        (f"{HEADER_PREFIX}decision", decision.value.encode()),
-        (f"{HEADER_PREFIX}score", repr(breakdown.score).encode()),
-        (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
-    )
     return RoutedRecord(
         source=record,
         decision=decision,
         value=value,
-        headers=headers,
+        headers=(*producer_headers(record.headers), *verdict_headers(decision, breakdown.score)),
         domain_label=domain_label,
         breakdown=breakdown,
-        trace_id=trace.id,
+    )
+
+
+def verdict_headers(decision: Decision, score: float) -> _Headers:
+    """The scorer's own headers on an accepted or rejected output."""
+    return (
+        (f"{HEADER_PREFIX}decision", decision.value.encode()),
+        (f"{HEADER_PREFIX}score", repr(score).encode()),
+        (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
     )
 
 
@@ -114,11 +120,7 @@ def dead_letter(record: SourceRecord, error: TraceError) -> RoutedRecord:
     """Original bytes untouched; the why and the where in headers. A record the Kafka client
     could not read has no bytes to keep: no value, and a pointer to the original."""
     if isinstance(record.value, UnreadableValue):
-        omitted = (
-            f"{HEADER_PREFIX}value-omitted",
-            b"the Kafka client could not read the record; read the original at the source "
-            b"topic/partition/offset",
-        )
+        omitted = _value_omitted("the Kafka client could not read the record")
         return _dead_letter(record, error, None, (*dead_letter_headers(record, error), omitted))
     return _dead_letter(
         record,
@@ -126,6 +128,11 @@ def dead_letter(record: SourceRecord, error: TraceError) -> RoutedRecord:
         record.value,
         (*producer_headers(record.headers), *dead_letter_headers(record, error)),
     )
+
+
+def _value_omitted(why: str) -> tuple[str, bytes]:
+    where = "read the original at the source topic/partition/offset"
+    return f"{HEADER_PREFIX}value-omitted", f"{why}; {where}".encode("utf-8", "replace")
 
 
 def _dead_letter(
@@ -168,11 +175,7 @@ def without_value(routed: RoutedRecord, limit: int) -> RoutedRecord:
     error = routed.error or OutputTooLargeError(
         f"output of {size} bytes is over the {limit}-byte publish limit"
     )
-    omitted = (
-        f"{HEADER_PREFIX}value-omitted",
-        f"{size} bytes, over the {limit}-byte publish limit; read the original at the "
-        f"source topic/partition/offset".encode(),
-    )
+    omitted = _value_omitted(f"{size} bytes, over the {limit}-byte publish limit")
     source = routed.source
     return _dead_letter(
         source,
@@ -193,10 +196,8 @@ def refused(routed: RoutedRecord, why: str) -> RoutedRecord:
     error = routed.error or InternalScoringError(
         f"the Kafka client refused the {routed.decision.value} output: {why}"
     )
-    omitted = (
-        f"{HEADER_PREFIX}value-omitted",
-        f"the Kafka client refused the record ({why}); value and input headers left out; read "
-        f"the original at the source topic/partition/offset".encode("utf-8", "replace"),
+    omitted = _value_omitted(
+        f"the Kafka client refused the record ({why}); value and input headers left out"
     )
     source = routed.source
     return _dead_letter(source, error, None, (*dead_letter_headers(source, error), omitted))
@@ -205,35 +206,3 @@ def refused(routed: RoutedRecord, why: str) -> RoutedRecord:
 def is_refused_form(routed: RoutedRecord) -> bool:
     """Whether ``routed`` is already as small as ``refused`` makes a record."""
     return routed.value is None and not producer_headers(routed.headers)
-
-
-def source_json(record: SourceRecord) -> dict[str, Any]:
-    return {
-        "topic": record.topic,
-        "partition": record.partition,
-        "offset": record.offset,
-        "timestamp": record.timestamp_ms,
-    }
-
-
-def too_large(routed: RoutedRecord, limit: int) -> bool:
-    return len(routed.value or b"") > limit
-
-
-__all__ = [
-    "DEFAULT_MAX_OUTPUT_BYTES",
-    "HEADER_PREFIX",
-    "KEY_NULL_HEADER",
-    "Mapping",
-    "OutputTooLargeError",
-    "dead_letter",
-    "dead_letter_headers",
-    "is_refused_form",
-    "output_topics",
-    "prefixed_topics",
-    "producer_headers",
-    "refused",
-    "scored",
-    "source_json",
-    "without_value",
-]

@@ -60,7 +60,6 @@ class RoutedRecord:
     domain_label: str
     breakdown: ScoreBreakdown | None = None
     error: TraceError | None = None
-    trace_id: str | None = None
     # A dead letter with a null value of a record with a null key: Kafka clients (aiokafka, the
     # Java producer) refuse a record with neither key nor value, so it gets an empty key.
     empty_key: bool = False

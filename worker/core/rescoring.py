@@ -25,16 +25,22 @@ import orjson
 
 from worker import __version__
 from worker.core.errors import TraceError
-from worker.core.output import HEADER_PREFIX, scored_value
+from worker.core.output import HEADER_PREFIX, scored_value, verdict_headers
 from worker.core.records import Decision, RoutedRecord, SourceRecord
 from worker.core.schema import check_trace_document
-from worker.core.scoring import Novelty, NoveltySource, ProfileSet, ScoreBreakdown, score_trace
+from worker.core.scoring import (
+    DIMENSION_NAMES,
+    Novelty,
+    NoveltySource,
+    ProfileSet,
+    ScoreBreakdown,
+    score_trace,
+)
 from worker.core.trace import Trace
 
 # The same bins as `kp-scorer replay`, so the two summaries read alike.
 DELTA_BINS = (-1.0, -0.2, -0.1, -0.05, -0.01, -1e-12, 1e-12, 0.01, 0.05, 0.1, 0.2, 1.0)
 MAX_EXAMPLES = 20
-_DIMENSIONS = ("complexity", "novelty", "tool_diversity", "outcome")
 _DECISIONS = {d.value: d for d in (Decision.ACCEPTED, Decision.REJECTED)}
 _NOVELTY_SOURCES = {s.value: s for s in NoveltySource}
 _NUMBERS = (float, int)  # as orjson decodes JSON numbers (bool is neither)
@@ -154,13 +160,8 @@ class Rescorer:
         dimensions = score.get("dimensions")
         if type(dimensions) is not dict:
             raise _Missing("score.dimensions")
-        recorded_dimensions: tuple[Any, ...] = (
-            dimensions.get("complexity"),
-            dimensions.get("novelty"),
-            dimensions.get("tool_diversity"),
-            dimensions.get("outcome"),
-        )
-        for name, value in zip(_DIMENSIONS, recorded_dimensions, strict=True):
+        recorded_dimensions: tuple[Any, ...] = tuple(map(dimensions.get, DIMENSION_NAMES))
+        for name, value in zip(DIMENSION_NAMES, recorded_dimensions, strict=True):
             if type(value) not in _NUMBERS:
                 raise _Missing(f"score.dimensions.{name}")
         novelty_source = _NOVELTY_SOURCES.get(score.get("novelty_source"))  # type: ignore[arg-type]
@@ -197,24 +198,14 @@ class Rescorer:
                 f"cannot score the recorded trace: {exc!r}"[:300],
                 version,
             )
-        computed = breakdown.dimensions
-        computed_dimensions = (
-            computed.complexity,
-            computed.novelty,
-            computed.tool_diversity,
-            computed.outcome,
-        )
-        if computed_dimensions != recorded_dimensions:
-            name, was, now = next(
-                row
-                for row in zip(_DIMENSIONS, recorded_dimensions, computed_dimensions, strict=True)
-                if row[1] != row[2]
-            )
-            return NotRescored(
-                Unrescorable.DIMENSIONS_DIFFER,
-                f"recorded {name} {was!r}, this version computes {now!r}",
-                version,
-            )
+        for name, was in zip(DIMENSION_NAMES, recorded_dimensions, strict=True):
+            now = getattr(breakdown.dimensions, name)
+            if now != was:
+                return NotRescored(
+                    Unrescorable.DIMENSIONS_DIFFER,
+                    f"recorded {name} {was!r}, this version computes {now!r}",
+                    version,
+                )
         domain = trace.domain
         threshold = self.threshold_for(domain)
         decision = Decision.ACCEPTED if breakdown.score >= threshold else Decision.REJECTED
@@ -247,9 +238,7 @@ def rescored_record(recorded: SourceRecord, rescored: Rescored) -> RoutedRecord:
     """The record to publish: the recorded output's key and headers, with the new verdict."""
     headers = (
         *(h for h in recorded.headers if h[0] not in _SCORE_HEADERS),
-        (f"{HEADER_PREFIX}decision", rescored.decision.value.encode()),
-        (f"{HEADER_PREFIX}score", repr(rescored.breakdown.score).encode()),
-        (f"{HEADER_PREFIX}scorer-version", __version__.encode()),
+        *verdict_headers(rescored.decision, rescored.breakdown.score),
         (f"{HEADER_PREFIX}rescore-of", rescored.rescore_of.encode()),
     )
     return RoutedRecord(
@@ -269,10 +258,6 @@ class DomainTally:
     accepted_after: int = 0
     accepted_to_rejected: int = 0
     rejected_to_accepted: int = 0
-
-
-def _bin_label(low: float, high: float) -> str:
-    return "unchanged" if low == -1e-12 else f"[{low:+.2f}, {high:+.2f})"
 
 
 @dataclass
@@ -341,9 +326,10 @@ class RescoreSummary:
         self.dead_letters += 1
 
     def delta_histogram(self) -> list[tuple[str, float, float, int]]:
-        """(label, low, high, records) per bin; bins are [low, high), the last one closed."""
+        """(label, low, high, records) per bin; bins are [low, high), the last one closed; the
+        bin around 0 is "unchanged"."""
         return [
-            (_bin_label(low, high), low, high, count)
+            ("unchanged" if low == -1e-12 else f"[{low:+.2f}, {high:+.2f})", low, high, count)
             for (low, high), count in zip(pairwise(DELTA_BINS), self.histogram, strict=True)
         ]
 

@@ -17,8 +17,8 @@ from itertools import accumulate
 from typing import Any
 
 from worker.core.rescoring import NotRescored, Rescored, RescoreSummary
+from worker.core.scoring import DIMENSION_NAMES as DIMENSIONS
 
-DIMENSIONS = ("complexity", "novelty", "tool_diversity", "outcome")
 SCORE_BINS = 50  # of width 0.02 over [0, 1]
 DIMENSION_BINS = 20  # of width 0.05
 GRID_STEPS = 100  # the acceptance table: thresholds 0.00, 0.01, ..., 1.00

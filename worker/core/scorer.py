@@ -8,11 +8,11 @@ from and write to differs.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from time import perf_counter
 
 import numpy as np
 
@@ -55,20 +55,9 @@ class Thresholds:
         return self.per_domain.get(domain, self.default)
 
 
-@dataclass(slots=True)
-class StageSeconds:
-    """Wall time of each stage for one batch (the metrics layer spreads it per record)."""
-
-    decode: float = 0.0
-    embed: float = 0.0
-    novelty: float = 0.0
-    score: float = 0.0
-
-
 @dataclass(frozen=True, slots=True)
 class BatchResult:
     routed: list[RoutedRecord]
-    stages: StageSeconds
     embedded: int  # valid traces, i.e. vectors used (model runs + reused)
     reused: int = 0  # vectors taken from an identical earlier text instead of the model
 
@@ -93,10 +82,6 @@ class Prepared:
 def text_key(text: str) -> bytes:
     """A digest of the embedding text: equal texts have equal vectors, so it keys reuse."""
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
-def _clock() -> float:
-    return time.perf_counter()
 
 
 class Scorer:
@@ -178,11 +163,6 @@ class Scorer:
         except TraceError as error:
             return error
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray | None:
-        if self.embedder is None or not texts:
-            return None
-        return self.embedder.embed(texts)
-
     def prepare(self, records: Sequence[SourceRecord]) -> list[Prepared]:
         """Decode each record and, for valid traces, its embedding text and that text's key."""
         prepared = []
@@ -220,8 +200,8 @@ class Scorer:
         if not missing:
             return 0, reused
         groups = list(missing.values())
-        vectors = self.embed([group[0].text or "" for group in groups])
-        assert vectors is not None
+        assert self.embedder is not None  # only a scorer with a model prepares texts
+        vectors = self.embedder.embed([group[0].text or "" for group in groups])
         for group, vector in zip(groups, vectors, strict=True):
             for item in group:
                 item.vector = vector
@@ -233,7 +213,7 @@ class Scorer:
 
         Returns the routed records and the seconds spent on novelty and on scoring.
         """
-        started = _clock()
+        started = perf_counter()
         novelty: dict[int, Novelty] = {}
         by_partition: dict[tuple[str, int], list[int]] = defaultdict(list)
         for i, item in enumerate(prepared):
@@ -251,25 +231,20 @@ class Scorer:
                 [prepared[i].stored_row for i in rows],
             )
             novelty.update(zip(rows, values, strict=True))
-        novelty_seconds = _clock() - started
-        started = _clock()
+        novelty_seconds = perf_counter() - started
+        started = perf_counter()
         routed = [
             self._route(item.record, item.item, novelty.get(i)) for i, item in enumerate(prepared)
         ]
-        return routed, novelty_seconds, _clock() - started
+        return routed, novelty_seconds, perf_counter() - started
 
     def score_batch(self, records: Sequence[SourceRecord]) -> BatchResult:
         """Score records (any partitions, each partition's records in offset order)."""
-        stages = StageSeconds()
-        started = _clock()
         prepared = self.prepare(records)
-        stages.decode = _clock() - started
-        started = _clock()
         _, reused = self.embed_missing(prepared)
-        stages.embed = _clock() - started
-        routed, stages.novelty, stages.score = self.finish(prepared)
+        routed, _, _ = self.finish(prepared)
         valid = sum(isinstance(item.item, Trace) for item in prepared)
-        return BatchResult(routed=routed, stages=stages, embedded=valid, reused=reused)
+        return BatchResult(routed=routed, embedded=valid, reused=reused)
 
     def _route(
         self, record: SourceRecord, item: Trace | TraceError, novelty: Novelty | None

@@ -20,6 +20,7 @@ from worker.core.trace import Trace
 NOVELTY_FALLBACK = 0.5
 WEIGHT_SUM_TOLERANCE = 1e-9
 DEFAULT_PROFILE = "default"
+DIMENSION_NAMES = ("complexity", "novelty", "tool_diversity", "outcome")
 
 
 class NoveltySource(StrEnum):
@@ -120,7 +121,7 @@ def profiles_from_mapping(raw: Any) -> ProfileSet:
     """Build profiles from ``{"domain": {"complexity": .., "novelty": .., ...}}``."""
     if not isinstance(raw, dict) or not raw:
         raise ProfileError("profiles must be a non-empty JSON object of domain -> weights")
-    expected = {"complexity", "novelty", "tool_diversity", "outcome"}
+    expected = set(DIMENSION_NAMES)
     profiles = {}
     for name, weights in raw.items():
         if not isinstance(weights, dict) or set(weights) != expected:

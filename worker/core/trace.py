@@ -35,25 +35,9 @@ from worker.core.errors import (
     InvalidJsonError,
     NotAnObjectError,
     TooLargeError,
-    TraceError,
     snippet,
 )
 from worker.core.schema import check_trace_document, json_path
-
-__all__ = [
-    "DEFAULT_MAX_BYTES",
-    "DEFAULT_MAX_CONTAINERS",
-    "FRAME_HEADER_BYTES",
-    "MAX_DEPTH",
-    "NAMED_DUPLICATES_UP_TO",
-    "Framing",
-    "Trace",
-    "TraceError",
-    "decode_json",
-    "parse_trace",
-    "unframe",
-    "validate_trace",
-]
 
 DEFAULT_MAX_BYTES = 1_048_576
 # How input values are framed (KP_INPUT_FRAMING): "auto" unwraps a Schema Registry frame where

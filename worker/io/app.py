@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import socket
 import tempfile
@@ -24,11 +25,9 @@ from faust.types import TP, TransportT
 from worker import __version__
 from worker.core.failures import FailurePolicy
 from worker.core.output import output_topics
-from worker.core.records import SourceRecord
 from worker.core.scorer import build_scorer
-from worker.embedding import Embedder
 from worker.io import http
-from worker.io.kafka import PartitionLogReader, ensure_topics
+from worker.io.kafka import PartitionLogReader, client_config, ensure_topics, source_record
 from worker.io.library_overrides import ScorerTransport
 from worker.io.publisher import Publisher
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
@@ -55,8 +54,6 @@ MEMORY_TRIM_SECONDS = 1.0
 
 
 def _credentials(settings: Settings) -> Any:
-    from worker.io.kafka import client_config
-
     if settings.security_protocol == "PLAINTEXT":
         return None
     config = client_config(settings)
@@ -198,7 +195,10 @@ class ScorerApp(faust.App):
                 "input_topic": settings.input_topic,
                 "group_id": settings.group_id,
                 "model": scorer.model_id,
-                "model_runs_split": _model_runs_split(embedder),
+                # Whether a lone text's run is split over idle model threads, or why not.
+                "model_runs_split": "no embedder"
+                if embedder is None
+                else embedder.split_note or "when the other model threads are idle",
                 "metrics_port": settings.metrics_port,
                 "idempotent_publishing": self._publisher.idempotent,
             },
@@ -245,13 +245,6 @@ class ScorerApp(faust.App):
             self._http.shutdown()
 
 
-def _model_runs_split(embedder: Embedder | None) -> str:
-    """Whether a lone text's run is split over idle model threads, or why not."""
-    if embedder is None:
-        return "no embedder"
-    return embedder.split_note or "when the other model threads are idle"
-
-
 async def _tick(observer: MetricsObserver) -> None:
     """Stamp the event loop's liveness for /healthz (read from the HTTP thread)."""
     while True:
@@ -273,8 +266,7 @@ async def _wait_for_kafka(
     the broker counts as reached (``kp_broker_reachable``) once they are there."""
     outputs = list(output_topics(settings).values())
     delays = backoff(STARTUP_BACKOFF_SECONDS)
-    attempt = 0
-    while True:
+    for attempt in itertools.count(1):
         try:
             await ensure_topics(settings, outputs)
             observer.broker_reached()
@@ -288,26 +280,10 @@ async def _wait_for_kafka(
                     "bootstrap_servers": settings.kafka_bootstrap_servers,
                     "error": error_line(exc),
                     "retry_in_s": delay,
-                    "attempt": attempt + 1,
+                    "attempt": attempt,
                 },
             )
-            attempt += 1
             await asyncio.sleep(delay)
-
-
-def _source_record(message: Any) -> SourceRecord:
-    headers = message.headers or ()
-    if isinstance(headers, dict):
-        headers = headers.items()
-    return SourceRecord(
-        topic=message.topic,
-        partition=message.partition,
-        offset=message.offset,
-        timestamp_ms=round(message.timestamp * 1000) if message.timestamp else 0,
-        key=message.key,
-        value=message.value,
-        headers=tuple((str(k), bytes(v or b"")) for k, v in headers),
-    )
 
 
 def create_app(
@@ -328,7 +304,8 @@ def create_app(
             message = event.message
             app.observer.broker_fetched()
             await app.stream_scorer.submit(
-                [_source_record(message)],
+                # faust gives the timestamp in seconds.
+                [source_record(message, round((message.timestamp or 0) * 1000))],
                 [message.time_in or time.monotonic()],
                 [functools.partial(manual.ack, event)],
             )

@@ -16,6 +16,7 @@ import logging
 import socket
 import threading
 from email.utils import formatdate
+from http import HTTPStatus
 
 import orjson
 from prometheus_client import REGISTRY
@@ -73,16 +74,6 @@ def respond(
             extra.append(("Content-Encoding", "gzip"))
         return 200, extra, body
     return 404, [("Content-Type", "text/plain")], NOT_FOUND
-
-
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
 
 
 def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]] | None:
@@ -156,7 +147,7 @@ class OpsServer:
                 except Exception:
                     log.exception("answering a request failed", extra={"path": target[:100]})
                     status, headers, body = 500, [("Content-Type", "text/plain")], b"failed\n"
-            lines = [f"HTTP/1.1 {status} {_REASONS.get(status, '')}"]
+            lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
             lines += [f"{name}: {value}" for name, value in headers]
             lines += [
                 f"Content-Length: {len(body)}",

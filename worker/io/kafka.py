@@ -11,6 +11,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -92,62 +93,53 @@ def client_config(settings: Settings) -> dict[str, Any]:
     return config
 
 
-async def topic_partitions(settings: Settings, topic: str) -> list[int]:
-    """The partitions of a topic (none when it does not exist), from the broker's metadata."""
+@asynccontextmanager
+async def _admin(settings: Settings) -> AsyncIterator[AIOKafkaAdminClient]:
     admin = AIOKafkaAdminClient(**client_config(settings))
     await admin.start()
     try:
-        (described,) = await admin.describe_topics([topic])
+        yield admin
     finally:
         await admin.close()
+
+
+async def _partitions(admin: AIOKafkaAdminClient, topic: str) -> list[int]:
+    (described,) = await admin.describe_topics([topic])
     if described.get("error_code"):
         return []
     return sorted(p["partition"] for p in described.get("partitions", ()))
 
 
-async def partitions_of(settings: Settings, topic: str) -> int | None:
-    """Partition count of a topic, or None when it does not exist."""
-    return len(await topic_partitions(settings, topic)) or None
+async def topic_partitions(settings: Settings, topic: str) -> list[int]:
+    """The partitions of a topic (none when it does not exist), from the broker's metadata."""
+    async with _admin(settings) as admin:
+        return await _partitions(admin, topic)
 
 
 async def ensure_topics(settings: Settings, output_topics: Sequence[str]) -> int:
     """Create the input topic (if missing) and the output topics; returns input partitions."""
-    admin = AIOKafkaAdminClient(**client_config(settings))
-    await admin.start()
-    try:
+    async with _admin(settings) as admin:
         existing = set(await admin.list_topics())
-        to_create: list[NewTopic] = []
-        input_partitions = settings.input_partitions
-        if settings.input_topic not in existing:
-            to_create.append(
-                NewTopic(settings.input_topic, input_partitions, settings.replication_factor)
-            )
+        if settings.input_topic in existing:
+            partitions = len(await _partitions(admin, settings.input_topic)) or 1
+            to_create: list[NewTopic] = []
         else:
-            input_partitions = await partitions_of(settings, settings.input_topic) or 1
-        partitions = settings.output_partitions or input_partitions
-        to_create += [
-            _output_topic(name, partitions, settings)
-            for name in output_topics
-            if name not in existing
-        ]
+            partitions = settings.input_partitions
+            to_create = [NewTopic(settings.input_topic, partitions, settings.replication_factor)]
+        width = settings.output_partitions or partitions
+        to_create += [_output_topic(n, width, settings) for n in output_topics if n not in existing]
         await _create(admin, to_create)
-        return input_partitions
-    finally:
-        await admin.close()
+        return partitions
 
 
 async def create_topics(settings: Settings, names: Sequence[str], partitions: int) -> None:
     """Create the topics that do not exist yet."""
-    admin = AIOKafkaAdminClient(**client_config(settings))
-    await admin.start()
-    try:
+    async with _admin(settings) as admin:
         existing = set(await admin.list_topics())
         await _create(
             admin,
             [_output_topic(name, partitions, settings) for name in names if name not in existing],
         )
-    finally:
-        await admin.close()
 
 
 def _output_topic(name: str, partitions: int, settings: Settings) -> NewTopic:
@@ -179,15 +171,20 @@ async def _create(admin: AIOKafkaAdminClient, topics: list[NewTopic]) -> None:
         log.info("created topic", extra={"topic": topic.name, "partitions": topic.num_partitions})
 
 
-def _source_record(message: Any) -> SourceRecord:
+def source_record(message: Any, timestamp_ms: int) -> SourceRecord:
+    """A consumed record (aiokafka's or faust's) as the scorer takes it. A header value may be
+    null on the wire: it is read as empty bytes."""
+    headers = message.headers or ()
+    if isinstance(headers, dict):
+        headers = headers.items()
     return SourceRecord(
         topic=message.topic,
         partition=message.partition,
         offset=message.offset,
-        timestamp_ms=int(message.timestamp),
+        timestamp_ms=timestamp_ms,
         key=message.key,
         value=message.value,
-        headers=tuple((k, bytes(v)) for k, v in (message.headers or ())),
+        headers=tuple((str(k), bytes(v or b"")) for k, v in headers),
     )
 
 
@@ -298,7 +295,7 @@ class PartitionLogReader:
             idle_rounds = 0
             chunk = []
             for message in messages:
-                record = _source_record(message)
+                record = source_record(message, message.timestamp)
                 if stop_at is not None and record.offset >= stop_at:
                     break
                 if end_time_ms is not None and record.timestamp_ms >= end_time_ms:
@@ -317,12 +314,3 @@ class PartitionLogReader:
             async for chunk in self.iter_range(topic, partition, start, end)
             for record in chunk
         ]
-
-
-__all__ = [
-    "KafkaError",
-    "PartitionLogReader",
-    "client_config",
-    "ensure_topics",
-    "stop_all",
-]

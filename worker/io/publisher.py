@@ -55,7 +55,6 @@ class Publisher:
         self._max_output_bytes = settings.max_output_bytes
         self.idempotent = settings.producer_idempotence != "off"
         self._producer = self._new_producer()
-        self._started = False
         self._closed = False
 
     def _new_producer(self) -> AIOKafkaProducer:
@@ -93,17 +92,12 @@ class Publisher:
             self.idempotent = False
             self._producer = self._new_producer()
             await self._producer.start()
-        self._started = True
 
     async def stop(self) -> None:
         """Close the producer, started or not (once; see :meth:`PartitionLogReader.stop`)."""
         if not self._closed:
             self._closed = True
-            self._started = False
             await stop_client(self._producer, "publisher")
-
-    def topic_for(self, decision: Decision) -> str:
-        return self._topics[decision]
 
     async def _send(self, record: RoutedRecord) -> asyncio.Future[Any]:
         """Hand one record to the producer.

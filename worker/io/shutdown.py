@@ -17,7 +17,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -36,7 +35,6 @@ class ShutdownDeadline:
         self.code = code
         self._exit = exit
         self._timer: threading.Timer | None = None
-        self.started_at: float | None = None
 
     @property
     def started(self) -> bool:
@@ -46,7 +44,6 @@ class ShutdownDeadline:
         """The first signal: start the countdown (later calls are no-ops)."""
         if self._timer is not None:
             return
-        self.started_at = time.monotonic()
         self._timer = threading.Timer(self.timeout, self._expired)
         self._timer.daemon = True
         self._timer.start()
