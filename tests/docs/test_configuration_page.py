@@ -1,24 +1,30 @@
-"""docs/configuration.md is generated from the settings object (``worker.settings_doc``): it
-names every variable a setting reads with the default the worker really starts with."""
+"""docs/configuration.md is generated from the settings object (docs/configuration_page.py):
+it names every variable a setting reads with the default the worker really starts with."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
 
-from worker import settings_doc
 from worker.settings import Settings, by_variable, env_name, load_settings
 
 from support.paths import REPO
 
 PAGE = REPO / "docs" / "configuration.md"
+_spec = importlib.util.spec_from_file_location(
+    "configuration_page", REPO / "docs" / "configuration_page.py"
+)
+assert _spec is not None and _spec.loader is not None
+settings_doc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(settings_doc)
 
 
 def test_the_page_is_the_generated_text() -> None:
     assert PAGE.read_text() == settings_doc.markdown(), (
         "docs/configuration.md differs from the settings object: regenerate it with "
-        "`python -m worker.settings_doc > docs/configuration.md`"
+        "`python docs/configuration_page.py > docs/configuration.md`"
     )
 
 
