@@ -15,9 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
+from pathlib import Path
+from typing import Any
 
+import click
 import orjson
 
+from worker.cli import main as cli
 from worker.core.output import output_topics, prefixed_topics
 from worker.core.records import Decision, RoutedRecord
 from worker.core.scorer import Scorer
@@ -181,3 +185,64 @@ def run_replay(
     settings: Settings, scorer: Scorer, scope: ReplayRange, output_prefix: str, progress
 ) -> ReplaySummary:
     return asyncio.run(replay(settings, scorer, scope, output_prefix, progress))
+
+
+@click.command(
+    "replay",
+    cls=cli.Command,
+    help="re-score a range of a topic into PREFIX.accepted/.rejected/.dead-letter",
+)
+@click.option("--topic", required=True, help="topic to re-score")
+@cli.range_options("record")
+@click.option("--output-prefix", required=True, help="writes PREFIX.accepted etc.")
+@cli.what_if_options()
+def replay_command(
+    topic: str,
+    output_prefix: str,
+    profiles: Path | None,
+    threshold: float | None,
+    **bounds: Any,
+) -> int:
+    from rich.table import Table
+
+    from worker.cli.progress import with_record_progress
+    from worker.core.scorer import build_scorer
+    from worker.logs import configure_logging
+
+    settings = cli.checked_settings(profiles, threshold)
+    configure_logging(
+        "WARNING" if settings.log_level == "INFO" else settings.log_level,
+        settings.log_repeat_interval_seconds,
+        human=True,
+    )
+    scorer = build_scorer(cli.model_whole(settings))
+    scope = ReplayRange(topic=topic, **bounds)
+    result = with_record_progress(
+        "replaying",
+        settings,
+        lambda advance: run_replay(settings, scorer, scope, output_prefix, advance),
+        quiet=not cli.err_console.is_terminal,  # as rescore: no bar written into a log file
+    )
+    if isinstance(result, int):
+        return result
+    summary = result
+    decisions = ", ".join(f"{k}={v}" for k, v in sorted(summary.decisions.items()))
+    err = cli.err_console
+    err.print(f"replayed {summary.records} records into {output_prefix}.*: {decisions}")
+    if not summary.original_found:
+        err.print("no earlier decisions found in the live output topics to compare")
+        return 0
+    err.print(
+        f"compared with the live outputs: {summary.compared} records, "
+        f"{summary.accept_to_reject} flipped accepted -> rejected, "
+        f"{summary.reject_to_accept} flipped rejected -> accepted"
+    )
+    table = Table(title="score change (replay - live)")
+    table.add_column("delta")
+    table.add_column("records", justify="right")
+    peak = max((count for _, count in summary.delta_histogram()), default=1) or 1
+    table.add_column("")
+    for label, count in summary.delta_histogram():
+        table.add_row(label, str(count), "█" * round(30 * count / peak))
+    err.print(table)
+    return 0
