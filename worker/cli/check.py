@@ -137,10 +137,7 @@ def check() -> int:
 
     import orjson
 
-    from worker.logs import configure_logging
-
     settings = cli.checked_settings()
-    configure_logging(settings.log_level, settings.log_repeat_interval_seconds, human=True)
     report, failures = run_check(settings)
     sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
     sys.stdout.flush()

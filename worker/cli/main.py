@@ -8,14 +8,16 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import click
 from rich.console import Console
 
 from worker import __version__
+from worker.logs import configure_logging
 from worker.settings import Settings, SettingsError, load_settings, unknown_variables
 
 # Error lines stay whole (not wrapped at 80 columns) when stderr goes to a file or a log.
@@ -39,9 +41,16 @@ EXIT_CHECK_FAILED = 1
 FAUST_LOG_LEVELS = {"DEBUG": "debug", "INFO": "info", "WARNING": "warn", "ERROR": "error"}
 
 
-def checked_settings(profiles: Path | None = None, threshold: float | None = None) -> Settings:
+def checked_settings(
+    profiles: Path | None = None,
+    threshold: float | None = None,
+    logs: str | None = "human",
+    quieter: bool = False,
+) -> Settings:
     """Settings (with the command's flags over the environment) plus the weight profiles they
-    name, validated before anything starts; an error names the flag or variable it came from."""
+    name, validated before anything starts; an error names the flag or variable it came from.
+    Then the command's logging: ``logs`` "human" (plain lines), "json" or None (none set up);
+    ``quieter``: the default level INFO logs at WARNING (a command that reads a backlog)."""
     from worker.cli.model import int8_batch_problem
     from worker.core.scoring import ProfileError, load_profiles
 
@@ -68,6 +77,9 @@ def checked_settings(profiles: Path | None = None, threshold: float | None = Non
         where = flags.get("profiles_file", "KP_PROFILES_FILE")
         err_console.print(f"[red]kp-scorer: {where}: {exc}[/red]")
         raise SystemExit(2) from None
+    if logs is not None:
+        level = "WARNING" if quieter and settings.log_level == "INFO" else settings.log_level
+        configure_logging(level, settings.log_repeat_interval_seconds, human=logs == "human")
     return settings
 
 
@@ -106,30 +118,14 @@ def name_of(file: str | None) -> str:
     return "stdin" if file in (None, "-") else str(Path(file))
 
 
-# --- flag values ----------------------------------------------------------------------------
-
-
-class Parsed(click.ParamType):
-    """A flag value read by a function whose ValueError says what was expected (the error
-    then names the flag)."""
-
-    def __init__(self, name: str, parse: Callable[[str], Any]) -> None:
-        self.name, self.parse = name, parse
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if not isinstance(value, str):
-            return value
-        try:
-            return self.parse(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+# --- flag values (a bad one is a usage error naming the flag) ------------------------------
 
 
 def _iso(value: str) -> datetime:
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        raise ValueError(f"not an ISO-8601 time: {value!r}") from None
+        raise click.BadParameter(f"not an ISO-8601 time: {value!r}") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
@@ -137,7 +133,7 @@ def _partition_list(value: str) -> list[int]:
     try:
         return [int(p) for p in value.split(",") if p.strip()]
     except ValueError:
-        raise ValueError(f"expected partitions like 0,1,2: {value!r}") from None
+        raise click.BadParameter(f"expected partitions like 0,1,2: {value!r}") from None
 
 
 def _domain_threshold(value: str) -> tuple[str, float]:
@@ -147,11 +143,10 @@ def _domain_threshold(value: str) -> tuple[str, float]:
     except ValueError:
         threshold = float("nan")
     if not sep or not domain or not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"expected DOMAIN=THRESHOLD with a threshold in [0, 1]: {value!r}")
+        raise click.BadParameter(f"expected DOMAIN=THRESHOLD with a threshold in [0, 1]: {value!r}")
     return domain, threshold
 
 
-ISO_TIME = Parsed("ISO_TIME", _iso)
 FILE_PATH = click.Path(path_type=Path)
 
 
@@ -183,40 +178,49 @@ def _exclusive_with(other: str) -> Callable[[click.Context, click.Parameter, Any
 def range_options(what: str) -> Callable[[F], F]:
     """The offsets or times, and partitions, of the topics a command reads (``what`` names its
     records: the traces replay reads, or the outputs rescore and report read)."""
+    bounds = [
+        ("--from-offset", int, "--from-time", "first offset (default: the beginning)"),
+        ("--from-time", _iso, "--from-offset", f"first {what} at or after this ISO time"),
+        ("--to-offset", int, "--to-time", "stop before this offset"),
+        ("--to-time", _iso, "--to-offset", f"stop at the first {what} at or after this"),
+    ]
     return options(
-        click.option(
-            "--from-offset",
-            type=int,
-            callback=_exclusive_with("--from-time"),
-            help="first offset (default: the beginning)",
-        ),
-        click.option(
-            "--from-time",
-            type=ISO_TIME,
-            callback=_exclusive_with("--from-offset"),
-            help=f"first {what} at or after this ISO time",
-        ),
-        click.option(
-            "--to-offset",
-            type=int,
-            callback=_exclusive_with("--to-time"),
-            help="stop before this offset",
-        ),
-        click.option(
-            "--to-time",
-            type=ISO_TIME,
-            callback=_exclusive_with("--to-offset"),
-            help=f"stop at the first {what} at or after this",
+        *(
+            click.option(
+                flag,
+                type=kind,
+                metavar="TIME" if kind is _iso else "OFFSET",
+                callback=_exclusive_with(other),
+                help=text,
+            )
+            for flag, kind, other, text in bounds
         ),
         click.option(
             "--partitions",
-            type=Parsed("PARTITIONS", _partition_list),
+            type=_partition_list,
+            metavar="LIST",
             help="e.g. 0,2 (default: all)",
         ),
     )
 
 
-RANGE_FLAGS = ("partitions", "from_offset", "from_time", "to_offset", "to_time")
+@dataclass(frozen=True, kw_only=True)
+class TopicRange:
+    """What `replay`, `rescore` and `report` read of each partition of their topics (the range
+    flags): an offset or time range (times are the records', when they were published)."""
+
+    partitions: Sequence[int] | None = None
+    from_offset: int | None = None
+    from_time: datetime | None = None
+    to_offset: int | None = None  # exclusive
+    to_time: datetime | None = None  # exclusive
+
+
+RANGE_FLAGS = tuple(field.name for field in fields(TopicRange))
+
+
+def epoch_ms(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp() * 1000)
 
 
 def what_if_options(per_domain: bool = False) -> Callable[[F], F]:
@@ -238,35 +242,14 @@ def what_if_options(per_domain: bool = False) -> Callable[[F], F]:
         chosen.append(
             click.option(
                 "--domain-threshold",
-                type=Parsed("DOMAIN=T", _domain_threshold),
+                type=_domain_threshold,
+                metavar="DOMAIN=T",
                 multiple=True,
                 help="accept threshold for one task_domain (repeatable; adds to "
                 "KP_DOMAIN_THRESHOLDS)",
             )
         )
     return options(*chosen)
-
-
-def recorded_outputs_options(topics: str, default_topics: str) -> Callable[[F], F]:
-    """What `rescore` and `report` read: a file of scored outputs, or a range of topics. The
-    range is of the topics read (offsets and partitions of each; times are when the outputs
-    were published, i.e. scored), as `replay`'s is of the topic it reads."""
-    return options(
-        click.argument(
-            "file",
-            required=False,
-            cls=Described,
-            help="JSONL of scored outputs (as `score` writes), or - for stdin",
-        ),
-        click.option("--from-topics", is_flag=True, help=f"read {topics} instead of a file"),
-        click.option(
-            "--topic",
-            "topics",
-            multiple=True,
-            help=f"with --from-topics: a topic to read (repeatable; default: {default_topics})",
-        ),
-        range_options("output"),
-    )
 
 
 quiet_option = click.option("--quiet", is_flag=True, help="no progress bar")
@@ -317,43 +300,26 @@ class Command(click.Command):
 
 
 class Group(click.Group):
-    """Commands loaded when named (each module imports what only it needs)."""
+    """The commands, each loaded from its module when named (it imports what only it needs)."""
 
-    command_class = Command
-
-    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.lazy = lazy
+    modules: ClassVar = {"score": "score", "worker": "service", "demo": "demo"}
+    modules |= {"replay": "replay", "rescore": "recorded", "report": "recorded"}
+    modules |= {"settings": "service", "check": "check", "model": "model"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(self.lazy)
+        return list(self.modules)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in self.lazy:
+        if cmd_name not in self.modules:
             return None
-        module, _, name = self.lazy[cmd_name].rpartition(".")
-        command: click.Command = getattr(importlib.import_module(module), name)
+        command: click.Command = getattr(
+            importlib.import_module(f"worker.cli.{self.modules[cmd_name]}"), cmd_name
+        )
         return command
 
 
 kp_scorer = Group(
-    "kp-scorer",
-    help=__doc__,
-    context_settings={"help_option_names": ["-h", "--help"]},
-    lazy={
-        name: f"worker.cli.{path}"
-        for name, path in {
-            "score": "score.score",
-            "worker": "service.worker",
-            "demo": "demo.demo",
-            "replay": "replay.replay_command",
-            "rescore": "recorded.rescore",
-            "report": "recorded.report",
-            "settings": "service.settings",
-            "check": "check.check",
-            "model": "model.model",
-        }.items()
-    },
+    "kp-scorer", help=__doc__, context_settings={"help_option_names": ["-h", "--help"]}
 )
 click.version_option(__version__, "--version", message="kp-scorer %(version)s")(kp_scorer)
 

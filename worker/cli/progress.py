@@ -1,6 +1,6 @@
-"""The progress bars of the commands that read a backlog: of a file's bytes and lines
-(``score``, ``rescore``, ``report``) or of a topic range's records (``replay``, and
-``rescore``/``report --from-topics``). Both draw on stderr (``main.err_console``)."""
+"""The progress bars of the commands that read a backlog, on stderr (``main.err_console``):
+of a file's bytes and lines (``score``, ``rescore``, ``report``) or of a topic range's records
+(``replay``, and ``rescore``/``report --from-topics``)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+from rich import progress as bars
 
 from worker.cli import main as cli
 from worker.logs import error_line
@@ -27,13 +19,13 @@ from worker.settings import Settings
 T = TypeVar("T")
 
 
-def _progress(verb: str, *columns: object, quiet: bool) -> Progress:
-    return Progress(
-        TextColumn(verb),
-        BarColumn(),
+def _progress(verb: str, *columns: object, quiet: bool) -> bars.Progress:
+    return bars.Progress(
+        bars.TextColumn(verb),
+        bars.BarColumn(),
         *columns,  # type: ignore[arg-type]
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
+        bars.TimeElapsedColumn(),
+        bars.TimeRemainingColumn(),
         console=cli.err_console,
         disable=quiet,
         # The bar draws on stderr; stdout is the command's output (`> out.jsonl`), which a
@@ -64,7 +56,11 @@ def read_lines_with_progress(
             cli.say(f"kp-scorer: no such file: {path}", "red")
             return None
         stream, total = path.open("rb"), path.stat().st_size
-    columns = (DownloadColumn(), TransferSpeedColumn(), TextColumn("{task.fields[lines]} lines"))
+    columns = (
+        bars.DownloadColumn(),
+        bars.TransferSpeedColumn(),
+        bars.TextColumn("{task.fields[lines]} lines"),
+    )
     progress = _progress(verb, *columns, quiet=quiet)
     with stream, progress:
         task = progress.add_task(verb, total=total, lines=0)
@@ -94,7 +90,10 @@ def with_record_progress(
     ends as one line and an exit code (2 and 1) instead of a traceback."""
     from aiokafka.errors import KafkaError
 
-    columns = (TextColumn("{task.completed} records"), TextColumn("{task.fields[rate]:.1f}/s"))
+    columns = (
+        bars.TextColumn("{task.completed} records"),
+        bars.TextColumn("{task.fields[rate]:.1f}/s"),
+    )
     progress = _progress(verb, *columns, quiet=quiet)
     started = time.monotonic()
     failure: tuple[str, int] | None = None

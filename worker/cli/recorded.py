@@ -4,116 +4,138 @@ their recorded novelty (no model)."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
 from rich.console import Console
-from rich.markup import escape
 
 from worker.cli import main as cli
-from worker.logs import configure_logging
+from worker.cli import progress
 from worker.settings import Settings
 
 if TYPE_CHECKING:
     from worker.core.rescoring import Rescorer, RescoreSummary
 
-Found = tuple["RescoreSummary", str] | int | None
 
+@dataclass
+class Recorded:
+    """What a command reads: FILE (or stdin), or ranges of topics (``--from-topics``)."""
 
-def _start(
-    file: str | None,
-    from_topics: bool,
-    topic_flags: dict[str, Any],
-    what_if: dict[str, Any],
-    human: bool,
-    need_file: bool = False,
-) -> tuple[Settings, Rescorer] | int:
-    """The settings and rescorer of a run, or exit code 2 (after one line) when FILE and
-    --from-topics, or the flags of a topic range without --from-topics, are given together
-    (or, ``need_file``, neither: stdin is no default)."""
-    from worker.core.rescoring import Rescorer
-    from worker.core.scoring import load_profiles
+    file: str | None
+    from_topics: bool
+    topics: tuple[str, ...]
+    scope: dict[str, Any]  # the range flags
+    output_prefix: str | None = None
 
-    if from_topics and file is not None:
-        cli.say("kp-scorer: give a FILE or --from-topics, not both", "red")
-        return 2
-    used = [flag for flag, value in topic_flags.items() if value not in (None, ())]
-    if not from_topics and used:
-        cli.say(f"kp-scorer: {', '.join(used)} need --from-topics", "red")
-        return 2
-    if need_file and file is None and not from_topics:
-        cli.say("kp-scorer: give a FILE of scored outputs or --from-topics", "red")
-        return 2
-    settings = cli.checked_settings(what_if["profiles"], what_if["threshold"])
-    configure_logging(
-        "WARNING" if settings.log_level == "INFO" else settings.log_level,
-        settings.log_repeat_interval_seconds,
-        human=human,
-    )
-    rescorer = Rescorer(
-        load_profiles(settings.profiles_file),
-        settings.accept_threshold,
-        {**settings.domain_thresholds, **dict(what_if["domain_threshold"])},
-    )
-    return settings, rescorer
+    def start(
+        self, what_if: dict[str, Any], logs: str, need_file: bool = False
+    ) -> tuple[Settings, Rescorer] | int:
+        """The settings and rescorer of a run, or exit code 2 (after one line) when FILE and
+        --from-topics, or the flags of a topic range without --from-topics, are given together
+        (or, ``need_file``, neither: stdin is no default)."""
+        from worker.core.rescoring import Rescorer
+        from worker.core.scoring import load_profiles
 
+        given = {"topic": self.topics, **self.scope, "output_prefix": self.output_prefix}
+        used = [f"--{name.replace('_', '-')}" for name, v in given.items() if v not in (None, ())]
+        problem = None
+        if self.from_topics and self.file is not None:
+            problem = "give a FILE or --from-topics, not both"
+        elif used and not self.from_topics:
+            problem = f"{', '.join(used)} need --from-topics"
+        elif need_file and self.file is None and not self.from_topics:
+            problem = "give a FILE of scored outputs or --from-topics"
+        if problem is not None:
+            cli.say(f"kp-scorer: {problem}", "red")
+            return 2
+        settings = cli.checked_settings(what_if["profiles"], what_if["threshold"], logs, True)
+        thresholds = {**settings.domain_thresholds, **dict(what_if["domain_threshold"])}
+        profiles = load_profiles(settings.profiles_file)
+        return settings, Rescorer(profiles, settings.accept_threshold, thresholds)
 
-def _topic_flags(topics: Sequence[str], bounds: dict[str, Any], **more: Any) -> dict[str, Any]:
-    """The flags of a topic range, by flag, as given (None or empty when not)."""
-    given = {"topic": topics, **{name: bounds[name] for name in cli.RANGE_FLAGS}, **more}
-    return {f"--{name.replace('_', '-')}": value for name, value in given.items()}
+    def read(
+        self,
+        settings: Settings,
+        rescorer: Rescorer,
+        out: BinaryIO | None,
+        quiet: bool,
+        summary: RescoreSummary | None = None,
+        default_topics: Sequence[str] | None = None,
+    ) -> tuple[RescoreSummary, str] | int | None:
+        """File mode: the JSONL of scored outputs (or stdin), the same lines re-scored to
+        ``out``. Topic mode: ranges of the topics (default: the accepted/rejected topics, or
+        ``default_topics``), read without a group; an exit code (as ``replay``'s) when it could
+        not finish."""
+        from worker.cli.rescore import RescoreRange, rescore_stream, rescore_topics
 
-
-def _read(
-    file: str | None,
-    from_topics: bool,
-    topics: Sequence[str],
-    bounds: dict[str, Any],
-    settings: Settings,
-    rescorer: Rescorer,
-    out: BinaryIO | None,
-    quiet: bool,
-    summary: RescoreSummary | None = None,
-    default_topics: Sequence[str] | None = None,
-    output_prefix: str | None = None,
-) -> Found:
-    """File mode: a JSONL of scored outputs (or stdin), the same lines re-scored to ``out``.
-    Topic mode: ranges of ``topics`` (default: the accepted/rejected topics, or
-    ``default_topics``), read without a group; an exit code (as ``replay``'s) when it could not
-    finish."""
-    from worker.cli.progress import read_lines_with_progress, with_record_progress
-    from worker.cli.rescore import RescoreRange, rescore_stream, run_rescore_topics
-
-    if not from_topics:
-        return read_lines_with_progress(
+        if not self.from_topics:
+            return progress.read_lines_with_progress(
+                "rescoring",
+                self.file,
+                quiet,
+                lambda stream, advance: rescore_stream(
+                    rescorer, stream, out, advance, summary=summary
+                ),
+            )
+        topics = self.topics or default_topics or (settings.accepted_topic, settings.rejected_topic)
+        scope = RescoreRange(topics=list(topics), **self.scope)
+        prefix = self.output_prefix
+        result = progress.with_record_progress(
             "rescoring",
-            file,
-            quiet,
-            lambda stream, advance: rescore_stream(rescorer, stream, out, advance, summary=summary),
+            settings,
+            lambda advance: asyncio.run(
+                rescore_topics(settings, rescorer, scope, prefix, out, advance, summary)
+            ),
+            quiet=quiet,
         )
-    read = list(topics or default_topics or (settings.accepted_topic, settings.rejected_topic))
-    scope = RescoreRange(topics=read, **bounds)
-    result = with_record_progress(
-        "rescoring",
-        settings,
-        lambda advance: run_rescore_topics(
-            settings, rescorer, scope, output_prefix, out, advance, summary
+        return result if isinstance(result, int) else (result, ", ".join(topics))
+
+
+def recorded_outputs(topics: str, default_topics: str) -> Callable[[cli.F], cli.F]:
+    """What `rescore` and `report` read, handed to the command as one :class:`Recorded`: a
+    file of scored outputs, or a range of topics. The range is of the topics read (offsets and
+    partitions of each; times are when the outputs were published, i.e. scored), as
+    `replay`'s is of the topic it reads."""
+
+    def gather(command: cli.F) -> cli.F:
+        @functools.wraps(command)
+        def gathered(file: str | None, from_topics: bool, topics: tuple[str, ...], **flags: Any):
+            scope = {name: flags.pop(name) for name in cli.RANGE_FLAGS}
+            prefix = flags.pop("output_prefix", None)
+            return command(Recorded(file, from_topics, topics, scope, prefix), **flags)
+
+        return gathered  # type: ignore[return-value]
+
+    return cli.options(
+        click.argument(
+            "file",
+            required=False,
+            cls=cli.Described,
+            help="JSONL of scored outputs (as `score` writes), or - for stdin",
         ),
-        quiet=quiet,
+        click.option("--from-topics", is_flag=True, help=f"read {topics} instead of a file"),
+        click.option(
+            "--topic",
+            "topics",
+            multiple=True,
+            help=f"with --from-topics: a topic to read (repeatable; default: {default_topics})",
+        ),
+        cli.range_options("output"),
+        gather,
     )
-    return result if isinstance(result, int) else (result, ", ".join(read))
 
 
 @click.command(
     cls=cli.Command,
     help="re-score recorded outputs with other profiles/thresholds (recorded novelty, no model)",
 )
-@cli.recorded_outputs_options(
-    "the accepted and rejected topics", "KP_ACCEPTED_TOPIC and KP_REJECTED_TOPIC"
-)
+@recorded_outputs("the accepted and rejected topics", "KP_ACCEPTED_TOPIC and KP_REJECTED_TOPIC")
 @click.option("--output-prefix", help="with --from-topics: publish to PREFIX.accepted/.rejected")
 @click.option(
     "--output",
@@ -124,14 +146,7 @@ def _read(
 @cli.json_option("summary as JSON, not tables")
 @cli.quiet_option
 def rescore(
-    file: str | None,
-    from_topics: bool,
-    topics: tuple[str, ...],
-    output_prefix: str | None,
-    output: str | None,
-    as_json: bool,
-    quiet: bool,
-    **given: Any,
+    recorded: Recorded, output: str | None, as_json: bool, quiet: bool, **what_if: Any
 ) -> int:
     """Re-score recorded outputs with other settings, from their recorded novelty (no model)."""
     import orjson
@@ -139,13 +154,11 @@ def rescore(
     from worker.cli.rescore import print_summary
     from worker.core.rescoring import RAW_TRACE
 
-    bounds = {name: given.pop(name) for name in cli.RANGE_FLAGS}
-    flags = _topic_flags(topics, bounds, output_prefix=output_prefix)
-    started = _start(file, from_topics, flags, given, human=True)
+    started = recorded.start(what_if, "human")
     if isinstance(started, int):
         return started
     settings, rescorer = started
-    output = output if output is not None else (None if from_topics else "-")
+    output = output if output is not None else (None if recorded.from_topics else "-")
     out_stream = None
     if output == "-":
         out_stream = sys.stdout.buffer
@@ -157,17 +170,7 @@ def rescore(
             return 2
     quiet = quiet or not cli.err_console.is_terminal
     try:
-        found = _read(
-            file,
-            from_topics,
-            topics,
-            bounds,
-            settings,
-            rescorer,
-            out_stream,
-            quiet,
-            output_prefix=output_prefix,
-        )
+        found = recorded.read(settings, rescorer, out_stream, quiet)
     finally:
         if out_stream is not None and out_stream is not sys.stdout.buffer:
             out_stream.close()
@@ -207,7 +210,7 @@ def rescore(
     help="an HTML page of score distributions and acceptance by threshold, from recorded "
     "outputs (recorded novelty, no model)",
 )
-@cli.recorded_outputs_options(
+@recorded_outputs(
     "the accepted, rejected and dead-letter topics",
     "KP_ACCEPTED_TOPIC, KP_REJECTED_TOPIC and KP_DEAD_LETTER_TOPIC",
 )
@@ -221,21 +224,14 @@ def rescore(
 @cli.json_option("the numbers as JSON on stdout")
 @cli.quiet_option
 def report(
-    file: str | None,
-    from_topics: bool,
-    topics: tuple[str, ...],
-    output: str | None,
-    as_json: bool,
-    quiet: bool,
-    **given: Any,
+    recorded: Recorded, output: str | None, as_json: bool, quiet: bool, **what_if: Any
 ) -> int:
     """The score report of recorded outputs: an HTML page, or its numbers as JSON."""
     import orjson
 
     from worker.core.score_report import ScoreReport
 
-    bounds = {name: given.pop(name) for name in cli.RANGE_FLAGS}
-    started = _start(file, from_topics, _topic_flags(topics, bounds), given, False, need_file=True)
+    started = recorded.start(what_if, "json", need_file=True)
     if isinstance(started, int):
         return started
     settings, rescorer = started
@@ -246,12 +242,12 @@ def report(
 
             figure_class()
         except RuntimeError as exc:
-            cli.err_console.print(f"[red]kp-scorer: {escape(str(exc))}[/red]")
+            cli.say(f"kp-scorer: {exc}", "red")
             return 2
     scores = ScoreReport()
     quiet = quiet or not cli.err_console.is_terminal
     every = (settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic)
-    found = _read(file, from_topics, topics, bounds, settings, rescorer, None, quiet, scores, every)
+    found = recorded.read(settings, rescorer, None, quiet, scores, every)
     if found is None:
         return 2
     if isinstance(found, int):
@@ -264,7 +260,7 @@ def report(
         try:
             page = render_html(scores, source, rescorer.threshold, thresholds)
         except PlottingUnavailableError as exc:
-            cli.err_console.print(f"[red]kp-scorer: {escape(str(exc))}[/red]")
+            cli.say(f"kp-scorer: {exc}", "red")
             return 2
         try:
             Path(output).write_text(page, encoding="utf-8")

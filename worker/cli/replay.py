@@ -13,7 +13,6 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import click
 import orjson
 
 from worker.cli import main as cli
+from worker.cli import progress
 from worker.core.output import output_topics, prefixed_topics
 from worker.core.records import Decision, RoutedRecord
 from worker.core.scorer import Scorer
@@ -34,14 +34,9 @@ CHUNK_RECORDS = 64
 DELTA_BINS = (-1.0, -0.2, -0.1, -0.05, -0.01, -1e-12, 1e-12, 0.01, 0.05, 0.1, 0.2, 1.0)
 
 
-@dataclass(frozen=True)
-class ReplayRange:
+@dataclass(frozen=True, kw_only=True)
+class ReplayRange(cli.TopicRange):
     topic: str
-    partitions: Sequence[int] | None = None
-    from_offset: int | None = None
-    from_time: datetime | None = None
-    to_offset: int | None = None  # exclusive
-    to_time: datetime | None = None  # exclusive
 
 
 @dataclass
@@ -79,10 +74,6 @@ class _NoCommittedOffsets:
         return await self._reader.read(topic, partition, start, end)
 
 
-def _ms(moment: datetime | None) -> int | None:
-    return None if moment is None else int(moment.timestamp() * 1000)
-
-
 async def _bounds(
     reader: PartitionLogReader, scope: ReplayRange, partition: int
 ) -> tuple[int, int | None, int | None]:
@@ -91,9 +82,11 @@ async def _bounds(
     if scope.from_offset is not None:
         start = max(low, scope.from_offset)
     elif scope.from_time is not None:
-        found = await reader.offset_for_time(scope.topic, partition, _ms(scope.from_time) or 0)
+        found = await reader.offset_for_time(
+            scope.topic, partition, cli.epoch_ms(scope.from_time) or 0
+        )
         start = low if found is None else max(low, found)
-    return start, scope.to_offset, _ms(scope.to_time)
+    return start, scope.to_offset, cli.epoch_ms(scope.to_time)
 
 
 async def original_decisions(
@@ -120,7 +113,7 @@ async def original_decisions(
     return found
 
 
-async def replay(
+async def _replay(
     settings: Settings,
     scorer: Scorer,
     scope: ReplayRange,
@@ -181,14 +174,7 @@ def _tally(
             summary.reject_to_accept += 1
 
 
-def run_replay(
-    settings: Settings, scorer: Scorer, scope: ReplayRange, output_prefix: str, progress
-) -> ReplaySummary:
-    return asyncio.run(replay(settings, scorer, scope, output_prefix, progress))
-
-
 @click.command(
-    "replay",
     cls=cli.Command,
     help="re-score a range of a topic into PREFIX.accepted/.rejected/.dead-letter",
 )
@@ -196,7 +182,7 @@ def run_replay(
 @cli.range_options("record")
 @click.option("--output-prefix", required=True, help="writes PREFIX.accepted etc.")
 @cli.what_if_options()
-def replay_command(
+def replay(
     topic: str,
     output_prefix: str,
     profiles: Path | None,
@@ -205,22 +191,15 @@ def replay_command(
 ) -> int:
     from rich.table import Table
 
-    from worker.cli.progress import with_record_progress
     from worker.core.scorer import build_scorer
-    from worker.logs import configure_logging
 
-    settings = cli.checked_settings(profiles, threshold)
-    configure_logging(
-        "WARNING" if settings.log_level == "INFO" else settings.log_level,
-        settings.log_repeat_interval_seconds,
-        human=True,
-    )
+    settings = cli.checked_settings(profiles, threshold, quieter=True)
     scorer = build_scorer(cli.model_whole(settings))
     scope = ReplayRange(topic=topic, **bounds)
-    result = with_record_progress(
+    result = progress.with_record_progress(
         "replaying",
         settings,
-        lambda advance: run_replay(settings, scorer, scope, output_prefix, advance),
+        lambda advance: asyncio.run(_replay(settings, scorer, scope, output_prefix, advance)),
         quiet=not cli.err_console.is_terminal,  # as rescore: no bar written into a log file
     )
     if isinstance(result, int):

@@ -20,6 +20,7 @@ import click
 import orjson
 
 from worker.cli import main as cli
+from worker.cli import progress
 from worker.core.records import Decision, RoutedRecord, SourceRecord
 from worker.core.scorer import Scorer
 
@@ -198,12 +199,9 @@ def score(
     quiet: bool,
     fail_on_error: bool,
 ) -> int:
-    from worker.cli.progress import read_lines_with_progress
     from worker.core.scorer import build_scorer
-    from worker.logs import configure_logging
 
     settings = cli.checked_settings(profiles, threshold)
-    configure_logging(settings.log_level, settings.log_repeat_interval_seconds, human=True)
     # JSON lines are never framed: KP_INPUT_FRAMING is the input topic's, not a file's.
     offline = cli.model_whole(settings).model_copy(update={"input_framing": "json"})
     scorer = build_scorer(offline, use_embedder=not no_embedder)
@@ -212,7 +210,7 @@ def score(
             f"[yellow]embedder unavailable ({scorer.embedder_reason}); novelty 0.5[/]"
         )
     records = LineRecords(cli.name_of(file), partition_by)
-    result = read_lines_with_progress(
+    result = progress.read_lines_with_progress(
         "scoring",
         file,
         quiet,

@@ -10,7 +10,6 @@ from typing import Any
 import click
 
 from worker.cli import main as cli
-from worker.logs import configure_logging
 from worker.memory import keep_large_blocks_mapped
 from worker.settings import UNSET_MEANS, Settings, by_variable
 
@@ -64,8 +63,7 @@ class FaustWorkerCommand(cli.Command):
 def worker(ctx: click.Context) -> int:
     """Run the stream worker through faust's own command line (its flags pass through)."""
     faust_args = list(ctx.args)
-    settings = cli.checked_settings()
-    configure_logging(settings.log_level, settings.log_repeat_interval_seconds)
+    settings = cli.checked_settings(logs="json")
     cli.warn_unknown_variables(as_log=True)
     keep_large_blocks_mapped()  # before the model is loaded
     from worker.io import http
@@ -107,7 +105,9 @@ def in_use(settings: Settings) -> dict[str, object]:
 def settings(as_json: bool) -> int:
     import orjson
 
-    values = in_use(cli.checked_settings())  # a broken profiles file is a broken configuration
+    values = in_use(
+        cli.checked_settings(logs=None)
+    )  # a broken profiles file is a broken configuration
     if as_json:
         sys.stdout.write(orjson.dumps(values, default=str, option=orjson.OPT_INDENT_2).decode())
         sys.stdout.write("\n")
