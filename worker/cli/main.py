@@ -223,35 +223,28 @@ def epoch_ms(moment: datetime | None) -> int | None:
     return None if moment is None else int(moment.timestamp() * 1000)
 
 
-def what_if_options(per_domain: bool = False) -> Callable[[F], F]:
-    """The weight profiles and accept threshold a command scores with, over the settings'."""
-    default = Settings.model_fields["accept_threshold"].default
-    chosen = [
-        click.option(
-            "--profiles",
-            type=FILE_PATH,
-            help="weight profiles JSON file (default: KP_PROFILES_FILE, else the built-in ones)",
-        ),
-        click.option(
-            "--threshold",
-            type=float,
-            help=f"accept threshold (default: KP_ACCEPT_THRESHOLD, else {default})",
-        ),
-    ]
-    if per_domain:
-        chosen.append(
-            click.option(
-                "--domain-threshold",
-                type=_domain_threshold,
-                metavar="DOMAIN=T",
-                multiple=True,
-                help="accept threshold for one task_domain (repeatable; adds to "
-                "KP_DOMAIN_THRESHOLDS)",
-            )
-        )
-    return options(*chosen)
-
-
+# The weight profiles and accept threshold a command scores with, over the settings'.
+what_if_options = options(
+    click.option(
+        "--profiles",
+        type=FILE_PATH,
+        help="weight profiles JSON file (default: KP_PROFILES_FILE, else the built-in ones)",
+    ),
+    click.option(
+        "--threshold",
+        type=float,
+        help="accept threshold (default: KP_ACCEPT_THRESHOLD, else "
+        f"{Settings.model_fields['accept_threshold'].default})",
+    ),
+)
+# What `rescore` and `report` add to them: a threshold for one task domain.
+domain_threshold_option = click.option(
+    "--domain-threshold",
+    type=_domain_threshold,
+    metavar="DOMAIN=T",
+    multiple=True,
+    help="accept threshold for one task_domain (repeatable; adds to KP_DOMAIN_THRESHOLDS)",
+)
 quiet_option = click.option("--quiet", is_flag=True, help="no progress bar")
 
 

@@ -142,7 +142,8 @@ def recorded_outputs(topics: str, default_topics: str) -> Callable[[cli.F], cli.
     metavar="PATH",
     help="write the re-scored JSONL here (- for stdout; the default for a FILE)",
 )
-@cli.what_if_options(per_domain=True)
+@cli.what_if_options
+@cli.domain_threshold_option
 @cli.json_option("summary as JSON, not tables")
 @cli.quiet_option
 def rescore(
@@ -220,7 +221,8 @@ def rescore(
     metavar="PATH",
     help="the HTML page (default report.html; with --json, only when given)",
 )
-@cli.what_if_options(per_domain=True)
+@cli.what_if_options
+@cli.domain_threshold_option
 @cli.json_option("the numbers as JSON on stdout")
 @cli.quiet_option
 def report(

@@ -181,7 +181,7 @@ def _tally(
 @click.option("--topic", required=True, help="topic to re-score")
 @cli.range_options("record")
 @click.option("--output-prefix", required=True, help="writes PREFIX.accepted etc.")
-@cli.what_if_options()
+@cli.what_if_options
 def replay(
     topic: str,
     output_prefix: str,

@@ -182,7 +182,7 @@ def score_lines(
     metavar="PATH",
     help="dotted field (e.g. metadata.agent_id): lines with equal values share a cache",
 )
-@cli.what_if_options()
+@cli.what_if_options
 @cli.quiet_option
 @click.option(
     "--fail-on-error",
