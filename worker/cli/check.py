@@ -15,9 +15,11 @@ from dataclasses import replace
 from importlib import metadata
 from typing import Any
 
+import click
 import numpy as np
 
 from worker import __version__
+from worker.cli import main as cli
 from worker.embedding import DIMENSIONS, EmbedderConfig, EmbedderUnavailable, open_embedder
 from worker.embedding.files import resolve_model
 from worker.logs import one_line
@@ -123,3 +125,23 @@ def run_check(settings: Settings) -> tuple[dict[str, Any], list[str]]:
     if failures:
         report["failures"] = failures
     return report, failures
+
+
+@click.command(
+    cls=cli.Command,
+    help="verify this installation: model loads and embeds, every Kafka codec reads; "
+    "versions and results as JSON",
+)
+def check() -> int:
+    import sys
+
+    import orjson
+
+    settings = cli.checked_settings()
+    report, failures = run_check(settings)
+    sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
+    sys.stdout.flush()
+    if failures:
+        cli.say(f"kp-scorer check: FAILED: {'; '.join(failures)}")
+        return cli.EXIT_CHECK_FAILED
+    return 0

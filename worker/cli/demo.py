@@ -17,12 +17,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
+from worker.cli import main as cli
 from worker.core.output import output_topics
 from worker.core.records import Decision
 from worker.dev.process import WorkerProcess
@@ -282,3 +284,20 @@ def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running
             return 0 if accounting.complete else 1
         finally:
             worker.stop()
+
+
+@click.command(
+    cls=cli.Command,
+    help="run broker + worker locally, publish sample traces, print a summary",
+)
+@click.option("--traces", type=cli.FILE_PATH, help="JSONL traces (default examples/traces.jsonl)")
+@click.option("--rate", default=10.0, help="traces published per second")
+@click.option("--timeout", default=180.0, help="seconds to wait for outputs")
+@click.option("--keep-running", is_flag=True, help="keep serving until Ctrl-C")
+def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -> int:
+    from worker.logs import configure_logging
+
+    # The worker's JSON log goes to its own file; what the Kafka clients of the demo itself
+    # warn of is said in plain lines.
+    configure_logging("WARNING", human=True)
+    return run_demo(traces, rate, timeout, keep_running)

@@ -6,10 +6,13 @@ onnxruntime, which the other commands' start-up should not pay for.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import click
+
+from worker.cli import main as cli
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -21,37 +24,36 @@ RECIPE_HELP = {
 }
 
 
-def add_model_command(model: argparse.ArgumentParser) -> None:
+@click.group(help="build the model file the worker loads")
+def model() -> None:
     """``model build [--int8 RECIPE] [--from MODEL] -o FILE``."""
-    actions = model.add_subparsers(dest="model_command", required=True)
-    build = actions.add_parser(
-        "build",
-        help="write a ready model file and its FILE.json sidecar (what it was built from); "
-        "point KP_MODEL_PATH at FILE",
-        description="Build the model the worker loads as it is. Without --int8: the packaged "
-        "model, streamlined (the same vectors). With --int8: its integer-arithmetic engine "
-        "(faster, slightly different novelty: README, 'A faster model'); the worker loads "
-        "such a model only with KP_EMBED_BATCH_SIZE=1.",
-    )
-    build.add_argument(
-        "--int8",
-        metavar="RECIPE",
-        choices=sorted(RECIPE_HELP),
-        help="derive the int8 engine by this recipe: "
-        + "; ".join(f"{name} ({summary})" for name, summary in RECIPE_HELP.items()),
-    )
-    build.add_argument(
-        "--from",
-        dest="source",
-        type=Path,
-        metavar="MODEL",
-        help="the ONNX model to build from (default: the packaged model)",
-    )
-    build.add_argument("-o", "--output", type=Path, required=True, metavar="FILE")
-    build.set_defaults(func=cmd_model_build)
 
 
-def cmd_model_build(args: argparse.Namespace) -> int:
+@model.command(
+    cls=cli.Command,
+    short_help="write a ready model file and its FILE.json sidecar (what it was built from); "
+    "point KP_MODEL_PATH at FILE",
+    help="Build the model the worker loads as it is. Without --int8: the packaged "
+    "model, streamlined (the same vectors). With --int8: its integer-arithmetic engine "
+    "(faster, slightly different novelty: README, 'A faster model'); the worker loads "
+    "such a model only with KP_EMBED_BATCH_SIZE=1.",
+)
+@click.option(
+    "--int8",
+    metavar="RECIPE",
+    type=click.Choice(sorted(RECIPE_HELP)),
+    help="derive the int8 engine by this recipe: "
+    + "; ".join(f"{name} ({summary})" for name, summary in RECIPE_HELP.items()),
+)
+@click.option(
+    "--from",
+    "source",
+    type=cli.FILE_PATH,
+    metavar="MODEL",
+    help="the ONNX model to build from (default: the packaged model)",
+)
+@click.option("-o", "--output", type=cli.FILE_PATH, required=True, metavar="FILE")
+def build(int8: str | None, source: Path | None, output: Path) -> int:
     """Build, then print the sidecar's record on stdout; a failure is one line and exit 1."""
     import orjson
 
@@ -59,7 +61,7 @@ def cmd_model_build(args: argparse.Namespace) -> int:
     from worker.embedding.build.model_file import build_model
 
     try:
-        built = build_model(args.output, recipe=args.int8, source=args.source)
+        built = build_model(output, recipe=int8, source=source)
     except QuantizeError as exc:
         print(f"kp-scorer model build: {exc}", file=sys.stderr)
         return 1

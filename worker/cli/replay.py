@@ -13,11 +13,15 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from itertools import pairwise
+from pathlib import Path
+from typing import Any
 
+import click
 import orjson
 
+from worker.cli import main as cli
+from worker.cli import progress
 from worker.core.output import output_topics, prefixed_topics
 from worker.core.records import Decision, RoutedRecord
 from worker.core.scorer import Scorer
@@ -30,14 +34,9 @@ CHUNK_RECORDS = 64
 DELTA_BINS = (-1.0, -0.2, -0.1, -0.05, -0.01, -1e-12, 1e-12, 0.01, 0.05, 0.1, 0.2, 1.0)
 
 
-@dataclass(frozen=True)
-class ReplayRange:
+@dataclass(frozen=True, kw_only=True)
+class ReplayRange(cli.TopicRange):
     topic: str
-    partitions: Sequence[int] | None = None
-    from_offset: int | None = None
-    from_time: datetime | None = None
-    to_offset: int | None = None  # exclusive
-    to_time: datetime | None = None  # exclusive
 
 
 @dataclass
@@ -75,10 +74,6 @@ class _NoCommittedOffsets:
         return await self._reader.read(topic, partition, start, end)
 
 
-def _ms(moment: datetime | None) -> int | None:
-    return None if moment is None else int(moment.timestamp() * 1000)
-
-
 async def _bounds(
     reader: PartitionLogReader, scope: ReplayRange, partition: int
 ) -> tuple[int, int | None, int | None]:
@@ -87,9 +82,11 @@ async def _bounds(
     if scope.from_offset is not None:
         start = max(low, scope.from_offset)
     elif scope.from_time is not None:
-        found = await reader.offset_for_time(scope.topic, partition, _ms(scope.from_time) or 0)
+        found = await reader.offset_for_time(
+            scope.topic, partition, cli.epoch_ms(scope.from_time) or 0
+        )
         start = low if found is None else max(low, found)
-    return start, scope.to_offset, _ms(scope.to_time)
+    return start, scope.to_offset, cli.epoch_ms(scope.to_time)
 
 
 async def original_decisions(
@@ -116,7 +113,7 @@ async def original_decisions(
     return found
 
 
-async def replay(
+async def _replay(
     settings: Settings,
     scorer: Scorer,
     scope: ReplayRange,
@@ -177,7 +174,54 @@ def _tally(
             summary.reject_to_accept += 1
 
 
-def run_replay(
-    settings: Settings, scorer: Scorer, scope: ReplayRange, output_prefix: str, progress
-) -> ReplaySummary:
-    return asyncio.run(replay(settings, scorer, scope, output_prefix, progress))
+@click.command(
+    cls=cli.Command,
+    help="re-score a range of a topic into PREFIX.accepted/.rejected/.dead-letter",
+)
+@click.option("--topic", required=True, help="topic to re-score")
+@cli.range_options("record")
+@click.option("--output-prefix", required=True, help="writes PREFIX.accepted etc.")
+@cli.what_if_options
+def replay(
+    topic: str,
+    output_prefix: str,
+    profiles: Path | None,
+    threshold: float | None,
+    **bounds: Any,
+) -> int:
+    from rich.table import Table
+
+    from worker.core.scorer import build_scorer
+
+    settings = cli.checked_settings(profiles, threshold, quieter=True)
+    scorer = build_scorer(cli.model_whole(settings))
+    scope = ReplayRange(topic=topic, **bounds)
+    result = progress.with_record_progress(
+        "replaying",
+        settings,
+        lambda advance: asyncio.run(_replay(settings, scorer, scope, output_prefix, advance)),
+        quiet=not cli.err_console.is_terminal,  # as rescore: no bar written into a log file
+    )
+    if isinstance(result, int):
+        return result
+    summary = result
+    decisions = ", ".join(f"{k}={v}" for k, v in sorted(summary.decisions.items()))
+    err = cli.err_console
+    err.print(f"replayed {summary.records} records into {output_prefix}.*: {decisions}")
+    if not summary.original_found:
+        err.print("no earlier decisions found in the live output topics to compare")
+        return 0
+    err.print(
+        f"compared with the live outputs: {summary.compared} records, "
+        f"{summary.accept_to_reject} flipped accepted -> rejected, "
+        f"{summary.reject_to_accept} flipped rejected -> accepted"
+    )
+    table = Table(title="score change (replay - live)")
+    table.add_column("delta")
+    table.add_column("records", justify="right")
+    peak = max((count for _, count in summary.delta_histogram()), default=1) or 1
+    table.add_column("")
+    for label, count in summary.delta_histogram():
+        table.add_row(label, str(count), "█" * round(30 * count / peak))
+    err.print(table)
+    return 0

@@ -12,16 +12,15 @@ line unchanged (the trace was never scored, and scoring it again writes that sam
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 from rich.console import Console
 from rich.table import Table
 
+from worker.cli import main as cli
 from worker.core.output import HEADER_PREFIX
 from worker.core.records import Decision, SourceRecord
 from worker.core.rescoring import (
@@ -133,20 +132,11 @@ def dead_letter_kind(record: SourceRecord) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class RescoreRange:
+@dataclass(frozen=True, kw_only=True)
+class RescoreRange(cli.TopicRange):
     """Which recorded outputs to read: topics, partitions and an offset or time range each."""
 
     topics: Sequence[str]
-    partitions: Sequence[int] | None = None
-    from_offset: int | None = None
-    from_time: datetime | None = None
-    to_offset: int | None = None  # exclusive
-    to_time: datetime | None = None  # exclusive
-
-
-def _ms(moment: datetime | None) -> int | None:
-    return None if moment is None else int(moment.timestamp() * 1000)
 
 
 async def rescore_topics(
@@ -177,7 +167,7 @@ async def rescore_topics(
     try:
         await reader.start()
         plan: list[tuple[str, int, int, int | None]] = []
-        from_ms = _ms(scope.from_time)
+        from_ms = cli.epoch_ms(scope.from_time)
         widest = 1
         for topic in scope.topics:
             available = await reader.partitions(topic)
@@ -214,7 +204,9 @@ async def rescore_topics(
         if on_progress is not None:
             on_progress(0, total)
         for topic, partition, start, end in plan:
-            async for chunk in reader.iter_range(topic, partition, start, end, _ms(scope.to_time)):
+            async for chunk in reader.iter_range(
+                topic, partition, start, end, cli.epoch_ms(scope.to_time)
+            ):
                 routed = []
                 lines = []
                 for record in chunk:
@@ -243,20 +235,6 @@ async def rescore_topics(
     finally:
         await stop_all(publisher, reader)
     return summary
-
-
-def run_rescore_topics(
-    settings: Settings,
-    rescorer: Rescorer,
-    scope: RescoreRange,
-    output_prefix: str | None,
-    out: IO[bytes] | None,
-    on_progress: Callable[[int, int | None], None] | None,
-    summary: RescoreSummary | None = None,
-) -> RescoreSummary:
-    return asyncio.run(
-        rescore_topics(settings, rescorer, scope, output_prefix, out, on_progress, summary)
-    )
 
 
 # --- summary --------------------------------------------------------------------------------

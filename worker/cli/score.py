@@ -9,13 +9,18 @@ optional TTL is ``metadata.created_at`` (a file has no record timestamps); the l
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TextIO
 
+import click
 import orjson
 
+from worker.cli import main as cli
+from worker.cli import progress
 from worker.core.records import Decision, RoutedRecord, SourceRecord
 from worker.core.scorer import Scorer
 
@@ -167,3 +172,58 @@ def score_lines(
             on_progress(len(chunk), sum(len(line) + 1 for _, line in chunk))
     out.flush()
     return summary
+
+
+@click.command(cls=cli.Command, help="score a JSONL file of traces to stdout")
+@click.argument("file", default="-", cls=cli.Described, help="JSONL file, or - for stdin")
+@click.option("--no-embedder", is_flag=True, help="novelty 0.5 (no model)")
+@click.option(
+    "--partition-by",
+    metavar="PATH",
+    help="dotted field (e.g. metadata.agent_id): lines with equal values share a cache",
+)
+@cli.what_if_options
+@cli.quiet_option
+@click.option(
+    "--fail-on-error",
+    is_flag=True,
+    help=f"exit {cli.EXIT_DEAD_LETTERS} if any line could not be scored (every line is "
+    "still written); without it such lines leave the exit code 0",
+)
+def score(
+    file: str,
+    no_embedder: bool,
+    partition_by: str | None,
+    profiles: Path | None,
+    threshold: float | None,
+    quiet: bool,
+    fail_on_error: bool,
+) -> int:
+    from worker.core.scorer import build_scorer
+
+    settings = cli.checked_settings(profiles, threshold)
+    # JSON lines are never framed: KP_INPUT_FRAMING is the input topic's, not a file's.
+    offline = cli.model_whole(settings).model_copy(update={"input_framing": "json"})
+    scorer = build_scorer(offline, use_embedder=not no_embedder)
+    if scorer.embedder is None and not no_embedder:
+        cli.err_console.print(
+            f"[yellow]embedder unavailable ({scorer.embedder_reason}); novelty 0.5[/]"
+        )
+    records = LineRecords(cli.name_of(file), partition_by)
+    result = progress.read_lines_with_progress(
+        "scoring",
+        file,
+        quiet,
+        lambda stream, advance: score_lines(scorer, stream, sys.stdout, records, advance),
+    )
+    if result is None:
+        return 2
+    summary, _ = result
+    cli.err_console.print(summary.describe())
+    if partition_by is not None and summary.lines and not records.lines_with_field:
+        cli.say(
+            f"kp-scorer: --partition-by {partition_by}: no line has this field, so every "
+            "line shared one novelty cache",
+            "yellow",
+        )
+    return cli.EXIT_DEAD_LETTERS if fail_on_error and summary.dead_letters else 0

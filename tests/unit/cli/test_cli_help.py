@@ -1,0 +1,93 @@
+"""What `kp-scorer ... --help` tells an operator, and the flags it describes doing what it says.
+
+- ``kp-scorer worker --help`` lists the faust worker flags the worker passes through, with
+  what each does and the defaults kp-scorer gives them (no web server, KP_LOG_LEVEL); those
+  flags reach faust's worker as given.
+- ``kp-scorer --help`` names every command with its whole description.
+- A range has one start and one end: an offset and a time for the same end is a usage error
+  naming both flags.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from worker.cli.main import kp_scorer, main
+
+
+@pytest.fixture(autouse=True)
+def isolated(isolated_settings: None) -> None:
+    """Every test here runs with settings isolated from the environment."""
+
+
+def help_of(*args: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exited:
+        main([*args, "--help"])
+    assert exited.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_worker_help_lists_the_faust_flags_it_passes_through(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    shown = help_of("worker", capsys=capsys)
+    assert "Faust worker flags (passed through)" in shown
+    assert "-l, --loglevel [crit|error|warn|info|debug] Logging level to use." in shown
+    assert "[default: (KP_LOG_LEVEL)]" in shown
+    assert "--with-web / --without-web Enable/disable web server" in shown
+    assert "[default: without-web]" in shown
+    assert "-p, --web-port" in shown
+    assert "--web-host TEXT" in shown
+    assert "-h, --help" in shown  # -h is help here, as for every command, not faust's --web-host
+    assert "KP_METRICS_PORT" in shown
+
+
+def test_worker_passes_faust_flags_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.io import app
+
+    started: list[list[str]] = []
+
+    class FaustApp:
+        def main(self) -> None:
+            started.append(list(sys.argv))
+
+    monkeypatch.setenv("KP_METRICS_PORT", "0")
+    monkeypatch.setattr(app, "create_app", lambda *args, **kwargs: FaustApp())
+    assert main(["worker", "--web-port", "7000", "-l", "debug"]) == 0
+    assert main(["worker"]) == 0
+    assert started == [
+        ["kp-scorer", "--quiet", "worker", "--without-web", "--web-port", "7000", "-l", "debug"],
+        ["kp-scorer", "--quiet", "worker", "--without-web", "--loglevel", "info"],
+    ]
+
+
+def test_help_names_every_command_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    shown = "".join(help_of(capsys=capsys).split())  # wrapped anywhere, even at a hyphen
+    for name in kp_scorer.list_commands(None):  # type: ignore[arg-type]
+        command = kp_scorer.get_command(None, name)  # type: ignore[arg-type]
+        assert command is not None
+        described = "".join((command.short_help or command.help or "").split())
+        assert f"{name}{described}" in shown
+    assert "arangeofatopicintoPREFIX.accepted/.rejected/.dead-letter" in shown
+
+
+@pytest.mark.parametrize(
+    ("command", "given"),
+    [
+        (["replay", "--topic", "t", "--output-prefix", "p"], ["--from-offset", "3"]),
+        (["rescore", "--from-topics"], ["--to-offset", "3"]),
+        (["report", "--from-topics"], ["--to-offset", "3"]),
+    ],
+)
+def test_a_range_end_is_an_offset_or_a_time(
+    command: list[str], given: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    flag = given[0]
+    other = flag.replace("offset", "time")
+    with pytest.raises(SystemExit) as exited:
+        main([*command, *given, other, "2026-01-01T00:00:00Z"])
+    assert exited.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{other} is not allowed with {flag}" in err

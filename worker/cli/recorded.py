@@ -1,0 +1,281 @@
+"""``kp-scorer rescore`` and ``kp-scorer report``: what recorded outputs (a file that `score`
+wrote, or ranges of the output topics) become under other profiles and thresholds, from
+their recorded novelty (no model)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import click
+from rich.console import Console
+
+from worker.cli import main as cli
+from worker.cli import progress
+from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from worker.core.rescoring import Rescorer, RescoreSummary
+
+
+@dataclass
+class Recorded:
+    """What a command reads: FILE (or stdin), or ranges of topics (``--from-topics``)."""
+
+    file: str | None
+    from_topics: bool
+    topics: tuple[str, ...]
+    scope: dict[str, Any]  # the range flags
+    output_prefix: str | None = None
+
+    def start(
+        self, what_if: dict[str, Any], logs: str, need_file: bool = False
+    ) -> tuple[Settings, Rescorer] | int:
+        """The settings and rescorer of a run, or exit code 2 (after one line) when FILE and
+        --from-topics, or the flags of a topic range without --from-topics, are given together
+        (or, ``need_file``, neither: stdin is no default)."""
+        from worker.core.rescoring import Rescorer
+        from worker.core.scoring import load_profiles
+
+        given = {"topic": self.topics, **self.scope, "output_prefix": self.output_prefix}
+        used = [f"--{name.replace('_', '-')}" for name, v in given.items() if v not in (None, ())]
+        problem = None
+        if self.from_topics and self.file is not None:
+            problem = "give a FILE or --from-topics, not both"
+        elif used and not self.from_topics:
+            problem = f"{', '.join(used)} need --from-topics"
+        elif need_file and self.file is None and not self.from_topics:
+            problem = "give a FILE of scored outputs or --from-topics"
+        if problem is not None:
+            cli.say(f"kp-scorer: {problem}", "red")
+            return 2
+        settings = cli.checked_settings(what_if["profiles"], what_if["threshold"], logs, True)
+        thresholds = {**settings.domain_thresholds, **dict(what_if["domain_threshold"])}
+        profiles = load_profiles(settings.profiles_file)
+        return settings, Rescorer(profiles, settings.accept_threshold, thresholds)
+
+    def read(
+        self,
+        settings: Settings,
+        rescorer: Rescorer,
+        out: BinaryIO | None,
+        quiet: bool,
+        summary: RescoreSummary | None = None,
+        default_topics: Sequence[str] | None = None,
+    ) -> tuple[RescoreSummary, str] | int | None:
+        """File mode: the JSONL of scored outputs (or stdin), the same lines re-scored to
+        ``out``. Topic mode: ranges of the topics (default: the accepted/rejected topics, or
+        ``default_topics``), read without a group; an exit code (as ``replay``'s) when it could
+        not finish."""
+        from worker.cli.rescore import RescoreRange, rescore_stream, rescore_topics
+
+        if not self.from_topics:
+            return progress.read_lines_with_progress(
+                "rescoring",
+                self.file,
+                quiet,
+                lambda stream, advance: rescore_stream(
+                    rescorer, stream, out, advance, summary=summary
+                ),
+            )
+        topics = self.topics or default_topics or (settings.accepted_topic, settings.rejected_topic)
+        scope = RescoreRange(topics=list(topics), **self.scope)
+        prefix = self.output_prefix
+        result = progress.with_record_progress(
+            "rescoring",
+            settings,
+            lambda advance: asyncio.run(
+                rescore_topics(settings, rescorer, scope, prefix, out, advance, summary)
+            ),
+            quiet=quiet,
+        )
+        return result if isinstance(result, int) else (result, ", ".join(topics))
+
+
+def recorded_outputs(topics: str, default_topics: str) -> Callable[[cli.F], cli.F]:
+    """What `rescore` and `report` read, handed to the command as one :class:`Recorded`: a
+    file of scored outputs, or a range of topics. The range is of the topics read (offsets and
+    partitions of each; times are when the outputs were published, i.e. scored), as
+    `replay`'s is of the topic it reads."""
+
+    def gather(command: cli.F) -> cli.F:
+        @functools.wraps(command)
+        def gathered(file: str | None, from_topics: bool, topics: tuple[str, ...], **flags: Any):
+            scope = {name: flags.pop(name) for name in cli.RANGE_FLAGS}
+            prefix = flags.pop("output_prefix", None)
+            return command(Recorded(file, from_topics, topics, scope, prefix), **flags)
+
+        return gathered  # type: ignore[return-value]
+
+    return cli.options(
+        click.argument(
+            "file",
+            required=False,
+            cls=cli.Described,
+            help="JSONL of scored outputs (as `score` writes), or - for stdin",
+        ),
+        click.option("--from-topics", is_flag=True, help=f"read {topics} instead of a file"),
+        click.option(
+            "--topic",
+            "topics",
+            multiple=True,
+            help=f"with --from-topics: a topic to read (repeatable; default: {default_topics})",
+        ),
+        cli.range_options("output"),
+        gather,
+    )
+
+
+@click.command(
+    cls=cli.Command,
+    help="re-score recorded outputs with other profiles/thresholds (recorded novelty, no model)",
+)
+@recorded_outputs("the accepted and rejected topics", "KP_ACCEPTED_TOPIC and KP_REJECTED_TOPIC")
+@click.option("--output-prefix", help="with --from-topics: publish to PREFIX.accepted/.rejected")
+@click.option(
+    "--output",
+    metavar="PATH",
+    help="write the re-scored JSONL here (- for stdout; the default for a FILE)",
+)
+@cli.what_if_options
+@cli.domain_threshold_option
+@cli.json_option("summary as JSON, not tables")
+@cli.quiet_option
+def rescore(
+    recorded: Recorded, output: str | None, as_json: bool, quiet: bool, **what_if: Any
+) -> int:
+    """Re-score recorded outputs with other settings, from their recorded novelty (no model)."""
+    import orjson
+
+    from worker.cli.rescore import print_summary
+    from worker.core.rescoring import RAW_TRACE
+
+    started = recorded.start(what_if, "human")
+    if isinstance(started, int):
+        return started
+    settings, rescorer = started
+    output = output if output is not None else (None if recorded.from_topics else "-")
+    out_stream = None
+    if output == "-":
+        out_stream = sys.stdout.buffer
+    elif output is not None:
+        try:
+            out_stream = Path(output).open("wb")  # noqa: SIM115  (closed below)
+        except OSError as exc:
+            cli.err_console.print(f"[red]kp-scorer: cannot write {output}: {exc}[/red]")
+            return 2
+    quiet = quiet or not cli.err_console.is_terminal
+    try:
+        found = recorded.read(settings, rescorer, out_stream, quiet)
+    finally:
+        if out_stream is not None and out_stream is not sys.stdout.buffer:
+            out_stream.close()
+    if found is None:
+        return 2
+    if isinstance(found, int):  # the broker was unreachable, or Ctrl-C: already said
+        return found
+    summary, source = found
+    # The summary goes to stdout unless the re-scored records do.
+    summary_console = cli.err_console if output == "-" else Console()
+    if as_json:
+        report = {
+            "source": source,
+            "settings": {
+                "profiles": None if settings.profiles_file is None else str(settings.profiles_file),
+                "threshold": rescorer.threshold,
+                "domain_thresholds": dict(rescorer.domain_thresholds),
+            },
+            **summary.to_json(),
+        }
+        summary_console.file.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+        summary_console.file.write("\n")
+        summary_console.file.flush()
+    else:
+        print_summary(summary_console, summary, source)
+    if any(example["detail"] == RAW_TRACE for example in summary.examples):
+        cli.say(
+            "kp-scorer: rescore re-scores outputs that `score` or the worker wrote; for raw "
+            "traces use `kp-scorer score FILE`",
+            "yellow",
+        )
+    return 0
+
+
+@click.command(
+    cls=cli.Command,
+    help="an HTML page of score distributions and acceptance by threshold, from recorded "
+    "outputs (recorded novelty, no model)",
+)
+@recorded_outputs(
+    "the accepted, rejected and dead-letter topics",
+    "KP_ACCEPTED_TOPIC, KP_REJECTED_TOPIC and KP_DEAD_LETTER_TOPIC",
+)
+@click.option(
+    "--output",
+    "-o",
+    metavar="PATH",
+    help="the HTML page (default report.html; with --json, only when given)",
+)
+@cli.what_if_options
+@cli.domain_threshold_option
+@cli.json_option("the numbers as JSON on stdout")
+@cli.quiet_option
+def report(
+    recorded: Recorded, output: str | None, as_json: bool, quiet: bool, **what_if: Any
+) -> int:
+    """The score report of recorded outputs: an HTML page, or its numbers as JSON."""
+    import orjson
+
+    from worker.core.score_report import ScoreReport
+
+    started = recorded.start(what_if, "json", need_file=True)
+    if isinstance(started, int):
+        return started
+    settings, rescorer = started
+    output = output if output is not None else (None if as_json else "report.html")
+    if output is not None:
+        try:  # a missing extra fails at once, before anything is read
+            from worker.cli.report import figure_class
+
+            figure_class()
+        except RuntimeError as exc:
+            cli.say(f"kp-scorer: {exc}", "red")
+            return 2
+    scores = ScoreReport()
+    quiet = quiet or not cli.err_console.is_terminal
+    every = (settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic)
+    found = recorded.read(settings, rescorer, None, quiet, scores, every)
+    if found is None:
+        return 2
+    if isinstance(found, int):
+        return found
+    _, source = found
+    thresholds = dict(rescorer.domain_thresholds)
+    if output is not None:
+        from worker.cli.report import PlottingUnavailableError, render_html
+
+        try:
+            page = render_html(scores, source, rescorer.threshold, thresholds)
+        except PlottingUnavailableError as exc:
+            cli.say(f"kp-scorer: {exc}", "red")
+            return 2
+        try:
+            Path(output).write_text(page, encoding="utf-8")
+        except OSError as exc:
+            cli.err_console.print(f"[red]kp-scorer: cannot write {output}: {exc}[/red]")
+            return 2
+        cli.err_console.print(
+            f"report of {scores.rescored} scored records and {scores.dead_letters} dead "
+            f"letters from {source} written to {output}"
+        )
+    if as_json:
+        numbers = {"source": source, **scores.report_json(rescorer.threshold, thresholds)}
+        sys.stdout.write(orjson.dumps(numbers, option=orjson.OPT_INDENT_2).decode())
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    return 0
