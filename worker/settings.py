@@ -168,8 +168,9 @@ class Settings(BaseSettings):
     # side use the cores better than one run over several intra-op threads: bench/RESULTS.md.
     embed_concurrency: PositiveInt | None = None
     embed_threads: PositiveInt = 1  # intra-op threads of each run
-    # A run of at least this many tokens splits its tokens over the model threads that are
-    # idle, layer by layer (same vectors, ~40 % less time for a lone 256-token text); 0 = never.
+    # A run of at least this many tokens that starts while no other run is under way or
+    # waiting runs on every core (a second session of the model with one intra-op thread per
+    # core: the same vectors, a lone 256-token text in ~0.6 of the time); 0 = never.
     # The stream worker's setting: `score` and `replay` work through backlogs, model whole.
     embed_split_min_tokens: int = Field(default=64, ge=0)
     # Texts per onnxruntime run. 1 measured fastest on CPU for mixed-length traces (no

@@ -6,7 +6,6 @@ worker can keep scoring with novelty 0.5.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,15 +15,14 @@ from worker.embedding.config import EmbedderConfig
 from worker.embedding.encoder import Encoder, load_tokenizer
 from worker.embedding.files import INT8, model_id, resolve_model, verified_sha256
 from worker.embedding.pool import OnnxEmbedder
-from worker.embedding.protocol import DIMENSIONS, EmbedderUnavailable
-from worker.embedding.session import OUTPUT_NAME, SessionFactory, streamlined_model
-from worker.embedding.stages import StagedEncoder, staged_encoder
+from worker.embedding.protocol import DIMENSIONS, EmbedderUnavailable, FloatArray
+from worker.embedding.session import SessionFactory, output_name, streamlined_model
 from worker.logs import one_line
 from worker.memory import release_freed_memory
 
 _REQUIRED_INPUTS = ("input_ids", "attention_mask")
-# The stages are checked against the whole model on this text's tokens at load.
-_STAGE_PROBE_TEXT = (
+# The lone-run session is checked against the single-threaded one on this text at load.
+_PROBE_TEXT = (
     "An agent read the failing test, traced the error to a stale cache entry, cleared it, "
     "reran the suite and recorded why the fix holds. "
 ) * 2
@@ -75,17 +73,22 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
         )
     actual_sha256 = verified_sha256(model_path, expected_sha256)
     tokenizer, pad_id = load_tokenizer(Path(config.tokenizer_path), config.max_tokens)
-    splits = config.split_min_tokens > 0 and config.concurrency > 1
-    probe = tokenizer.encode(_STAGE_PROBE_TEXT).ids if splits else None
-    sessions = SessionFactory(config.threads, config.providers)
-    model, split_note = _open_model(model_path, sessions, probe)
-    input_names = [i.name for i in model.get_inputs()]
+    graph = streamlined_model(model_path)
+    model = _open_model(model_path, graph, SessionFactory(config.threads, config.providers))
+    encoder = Encoder(tokenizer, pad_id, config.max_tokens, [i.name for i in model.get_inputs()])
+    lone_model, split_note = None, None
+    if config.split_min_tokens > 0 and config.concurrency > config.threads:
+        lone_factory = SessionFactory(config.concurrency, config.providers)
+        lone_model = _open_model(model_path, graph, lone_factory)
+        split_note = _differs(model, lone_model, encoder, config.concurrency)
+        lone_model = None if split_note else lone_model
     embedder = OnnxEmbedder(
         model=model,
-        encoder=Encoder(tokenizer, pad_id, config.max_tokens, input_names),
+        encoder=encoder,
         model_id=built_id or model_id(model_path, actual_sha256),
         batch_size=config.batch_size,
         concurrency=config.concurrency,
+        lone_model=lone_model,
         split_min_tokens=config.split_min_tokens,
         split_note=split_note,
     )
@@ -115,17 +118,11 @@ def _smoke_test(embedder: OnnxEmbedder, model_path: Path, max_tokens: int) -> No
 
 
 def _open_model(
-    model_path: Path, sessions: SessionFactory, stage_probe: Sequence[int] | None
-) -> tuple[ort.InferenceSession | StagedEncoder, str | None]:
-    """The model as one session, or as stages when `stage_probe` (token ids to check the
-    stages on) is given and the model can be cut exactly; and why it is not staged."""
-    model = streamlined_model(model_path)
+    model_path: Path, graph: str | bytes, sessions: SessionFactory
+) -> ort.InferenceSession:
+    """The model in a session of ``sessions``, with the inputs the encoder feeds."""
     try:
-        if stage_probe is None:
-            session: ort.InferenceSession | StagedEncoder = sessions.open(model)
-            note = None
-        else:
-            session, note = staged_encoder(model, sessions, OUTPUT_NAME, stage_probe)
+        session = sessions.open(graph)
     except Exception as exc:
         raise EmbedderUnavailable(
             f"model {model_path} cannot be loaded by onnxruntime: {one_line(exc)}"
@@ -137,4 +134,21 @@ def _open_model(
             f"model {model_path} lacks inputs {missing} (has {sorted(inputs)}); "
             "expected a BERT-style sentence encoder"
         )
-    return session, note
+    return session
+
+
+def _differs(
+    model: ort.InferenceSession, lone_model: ort.InferenceSession, encoder: Encoder, threads: int
+) -> str | None:
+    """Why the lone-run session cannot be used: its vectors must be the single-threaded
+    session's bits, or a text's vector would depend on whether it arrived alone."""
+    encoding = encoder.tokenizer.encode(_PROBE_TEXT)
+    lengths = np.array([len(encoding)], dtype=np.int64)
+    name = output_name([o.name for o in model.get_outputs()])
+
+    def run_on(session: ort.InferenceSession) -> FloatArray:
+        return encoder.embed_batch([encoding], lengths, lambda feeds: session.run([name], feeds)[0])
+
+    if np.array_equal(run_on(model), run_on(lone_model)):
+        return None
+    return f"runs are not split: {threads} intra-op threads change the vectors' bits"

@@ -15,7 +15,6 @@ from tokenizers import Encoding
 from worker.embedding.encoder import Encoder, Feeds, IntArray
 from worker.embedding.protocol import DIMENSIONS, FloatArray, RunTiming
 from worker.embedding.session import output_name
-from worker.embedding.stages import StagedEncoder, most_slices
 
 
 class OnnxEmbedder:
@@ -27,9 +26,11 @@ class OnnxEmbedder:
     one session, with one copy of the weights). A text's vector does not depend on which
     thread ran it.
 
-    A long run that starts while other threads have no work splits its tokens over them,
-    layer by layer (:mod:`worker.embedding.stages`), so a trace that arrives alone uses every
-    core; a backlog runs one text per core, each in one model call.
+    A long run that starts while no other run is under way or waiting goes to ``lone_model``,
+    the same model in a session with one intra-op thread per core (onnxruntime's own
+    parallelism), so a trace that arrives alone uses every core: a lone 256-token text in
+    ~0.58 of its single-threaded time (bench/RESULTS.md). A backlog runs one text per core,
+    each on the single-threaded session.
     """
 
     model_id: str
@@ -38,11 +39,12 @@ class OnnxEmbedder:
     def __init__(
         self,
         *,
-        model: ort.InferenceSession | StagedEncoder,
+        model: ort.InferenceSession,
         encoder: Encoder,
         model_id: str,
         batch_size: int,
         concurrency: int = 1,
+        lone_model: ort.InferenceSession | None = None,
         split_min_tokens: int = 0,
         split_note: str | None = None,
     ) -> None:
@@ -53,20 +55,19 @@ class OnnxEmbedder:
         self.batch_size = batch_size
         self.concurrency = concurrency
         self._pool: ThreadPoolExecutor | None = None
-        self.slice_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self.thread_use = ThreadUse(concurrency)
-        self.runs_split = 0  # model runs that ran at least one layer in slices
-        self.model = model  # one session, or the same weights as stages
+        self._busy_lock = threading.Lock()
+        self._runs_in_progress = 0
+        self._tasks_outstanding = 0  # work handed to the pool and not finished
+        self.runs_split = 0  # model runs that went to the lone-run session
+        self.model = model
         self.encoder = encoder
-        # Splitting a run over the idle threads needs the stages and more than one thread.
-        self._split_min_tokens = (
-            split_min_tokens if isinstance(model, StagedEncoder) and concurrency > 1 else 0
-        )
-        # Why runs are never split (None: they are, when the other threads are idle).
+        self.lone_model = lone_model if split_min_tokens else None
+        self._split_min_tokens = split_min_tokens if self.lone_model is not None else 0
+        # Why runs never use every core (None: they do, when nothing else runs).
         self.split_note = (
             split_note
-            if self._split_min_tokens
+            if self.lone_model is not None
             else (split_note or "runs are not split (KP_EMBED_SPLIT_MIN_TOKENS=0 or one thread)")
         )
         self._output_name = output_name([o.name for o in model.get_outputs()])
@@ -99,17 +100,16 @@ class OnnxEmbedder:
 
     def _in_pool(self, work: Callable[..., FloatArray], *args: Any) -> Future[FloatArray]:
         """``work(*args)`` on the pool, counted as outstanding until it ends: a thread with
-        work waiting for it is not idle, and long runs do not split over it."""
-        use = self.thread_use
-        with use.lock:
-            use.tasks_outstanding += 1
+        work waiting for it is not idle, and a long run does not take every core then."""
+        with self._busy_lock:
+            self._tasks_outstanding += 1
 
         def counted() -> FloatArray:
             try:
                 return work(*args)
             finally:
-                with use.lock:
-                    use.tasks_outstanding -= 1
+                with self._busy_lock:
+                    self._tasks_outstanding -= 1
 
         return self._executor().submit(counted)
 
@@ -148,70 +148,30 @@ class OnnxEmbedder:
                 self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="kp-embed")
             return self._pool
 
-    def _slice_executor(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self.slice_pool is None:
-                self.slice_pool = ThreadPoolExecutor(
-                    self.concurrency - 1, thread_name_prefix="kp-embed-slice"
-                )
-            return self.slice_pool
-
     def close(self) -> None:
         """Let the embedding threads finish their current run and exit."""
         with self._pool_lock:
-            pools = (self._pool, self.slice_pool)
-            self._pool = self.slice_pool = None
-        for pool in pools:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _embed_batch(self, encodings: list[Encoding], lengths: IntArray) -> FloatArray:
         """One padded batch through the model, mean-pooled and normalised."""
         return self.encoder.embed_batch(encodings, lengths, self.run_model)
 
     def run_model(self, feeds: Feeds) -> FloatArray:
-        """The model's hidden states for one padded batch. A long one is split, layer by
-        layer, over the threads no other run holds at that moment."""
-        width = feeds["input_ids"].shape[1]
-        use = self.thread_use
-        with use.lock:
-            use.runs_in_progress += 1
-        split = False
-
-        def slices_now() -> int:
-            nonlocal split
-            slices = min(use.slices_now(), most_slices(width))
-            split = split or slices > 1
-            return slices
-
+        """The model's hidden states for one padded batch: on every core when it is long and
+        nothing else runs or waits, else on one."""
+        long_run = self._split_min_tokens and feeds["input_ids"].shape[1] >= self._split_min_tokens
+        with self._busy_lock:
+            alone = self._runs_in_progress == 0 and self._tasks_outstanding <= 1
+            self._runs_in_progress += 1
+            if long_run and alone:
+                self.runs_split += 1
+        session = self.lone_model if long_run and alone and self.lone_model else self.model
         try:
-            if self._split_min_tokens and width >= self._split_min_tokens:
-                assert isinstance(self.model, StagedEncoder)
-                return self.model.run_split(feeds, self._slice_executor(), slices_now)
-            (hidden,) = self.model.run([self._output_name], feeds)
+            (hidden,) = session.run([self._output_name], feeds)
             return hidden
         finally:
-            with use.lock:
-                use.runs_in_progress -= 1
-                self.runs_split += split
-
-
-class ThreadUse:
-    """How busy the pool's threads are: what decides whether a long run splits, and how far.
-
-    A thread is busy while it runs the model or while work waits for it: on a backlog every
-    thread has its own text and runs stay whole.
-    """
-
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
-        self.lock = threading.Lock()
-        self.runs_in_progress = 0  # model runs under way, whoever called them
-        self.tasks_outstanding = 0  # work handed to the pool and not finished
-
-    def slices_now(self) -> int:
-        """Slices a long run may cut its next layer into: itself plus its share of the idle
-        threads (the runs under way share them, so no more slices run than threads)."""
-        runs = max(self.runs_in_progress, 1)
-        busy = max(runs, min(self.tasks_outstanding, self.threads))
-        return 1 + (self.threads - busy) // runs
+            with self._busy_lock:
+                self._runs_in_progress -= 1
