@@ -168,11 +168,6 @@ class Settings(BaseSettings):
     # side use the cores better than one run over several intra-op threads: bench/RESULTS.md.
     embed_concurrency: PositiveInt | None = None
     embed_threads: PositiveInt = 1  # intra-op threads of each run
-    # A run of at least this many tokens that starts while no other run is under way or
-    # waiting runs on every core (a second session of the model with one intra-op thread per
-    # core: the same vectors, a lone 256-token text in ~0.6 of the time); 0 = never.
-    # The stream worker's setting: `score` and `replay` work through backlogs, model whole.
-    embed_split_min_tokens: int = Field(default=64, ge=0)
     # Texts per onnxruntime run. 1 measured fastest on CPU for mixed-length traces (no
     # padding) and keeps the arena small: bench/RESULTS.md. A GPU provider may want more.
     embed_batch_size: PositiveInt = 1
@@ -330,6 +325,8 @@ REMOVED_VARIABLES = {
     f"{_BUILD_THE_MODEL}",
     "KP_INT8_RECIPE": f"removed: the recipe is chosen when the model is built; {_BUILD_THE_MODEL}",
     "KP_MODEL_CACHE_DIR": f"removed: nothing is derived or cached at run time; {_BUILD_THE_MODEL}",
+    "KP_EMBED_SPLIT_MIN_TOKENS": "removed: a lone long text runs like any other, one text per "
+    "model thread (shorter tails, measured: docs/model.md); unset it",
 }
 
 

@@ -15,17 +15,12 @@ from worker.embedding.config import EmbedderConfig
 from worker.embedding.encoder import Encoder, load_tokenizer
 from worker.embedding.files import INT8, model_id, resolve_model, verified_sha256
 from worker.embedding.pool import OnnxEmbedder
-from worker.embedding.protocol import DIMENSIONS, EmbedderUnavailable, FloatArray
-from worker.embedding.session import SessionFactory, output_name, streamlined_model
+from worker.embedding.protocol import DIMENSIONS, EmbedderUnavailable
+from worker.embedding.session import SessionFactory, streamlined_model
 from worker.logs import one_line
 from worker.memory import release_freed_memory
 
 _REQUIRED_INPUTS = ("input_ids", "attention_mask")
-# The lone-run session is checked against the single-threaded one on this text at load.
-_PROBE_TEXT = (
-    "An agent read the failing test, traced the error to a stale cache entry, cleared it, "
-    "reran the suite and recorded why the fix holds. "
-) * 2
 
 
 def load_embedder(config: EmbedderConfig) -> tuple[OnnxEmbedder | None, str | None]:
@@ -57,12 +52,11 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
         or config.max_tokens < 2
         or config.threads < 1
         or config.concurrency < 1
-        or config.split_min_tokens < 0
     ):
         raise EmbedderUnavailable(
             f"invalid embedder options: batch_size={config.batch_size}, "
             f"max_tokens={config.max_tokens}, intra_op_threads={config.threads}, "
-            f"concurrency={config.concurrency}, split_min_tokens={config.split_min_tokens}"
+            f"concurrency={config.concurrency}"
         )
     model_path, expected_sha256, built_id, engine = resolve_model(config)
     if engine == INT8 and config.batch_size != 1:
@@ -76,21 +70,12 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
     graph = streamlined_model(model_path)
     model = _open_model(model_path, graph, SessionFactory(config.threads, config.providers))
     encoder = Encoder(tokenizer, pad_id, config.max_tokens, [i.name for i in model.get_inputs()])
-    lone_model, split_note = None, None
-    if config.split_min_tokens > 0 and config.concurrency > config.threads:
-        lone_factory = SessionFactory(config.concurrency, config.providers)
-        lone_model = _open_model(model_path, graph, lone_factory)
-        split_note = _differs(model, lone_model, encoder, config.concurrency)
-        lone_model = None if split_note else lone_model
     embedder = OnnxEmbedder(
         model=model,
         encoder=encoder,
         model_id=built_id or model_id(model_path, actual_sha256),
         batch_size=config.batch_size,
         concurrency=config.concurrency,
-        lone_model=lone_model,
-        split_min_tokens=config.split_min_tokens,
-        split_note=split_note,
     )
     _smoke_test(embedder, model_path, config.max_tokens)
     # Loading turns the packaged int8 weights into float32 constants; trimming the freed
@@ -135,20 +120,3 @@ def _open_model(
             "expected a BERT-style sentence encoder"
         )
     return session
-
-
-def _differs(
-    model: ort.InferenceSession, lone_model: ort.InferenceSession, encoder: Encoder, threads: int
-) -> str | None:
-    """Why the lone-run session cannot be used: its vectors must be the single-threaded
-    session's bits, or a text's vector would depend on whether it arrived alone."""
-    encoding = encoder.tokenizer.encode(_PROBE_TEXT)
-    lengths = np.array([len(encoding)], dtype=np.int64)
-    name = output_name([o.name for o in model.get_outputs()])
-
-    def run_on(session: ort.InferenceSession) -> FloatArray:
-        return encoder.embed_batch([encoding], lengths, lambda feeds: session.run([name], feeds)[0])
-
-    if np.array_equal(run_on(model), run_on(lone_model)):
-        return None
-    return f"runs are not split: {threads} intra-op threads change the vectors' bits"

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -26,11 +25,10 @@ class OnnxEmbedder:
     one session, with one copy of the weights). A text's vector does not depend on which
     thread ran it.
 
-    A long run that starts while no other run is under way or waiting goes to ``lone_model``,
-    the same model in a session with one intra-op thread per core (onnxruntime's own
-    parallelism), so a trace that arrives alone uses every core: a lone 256-token text in
-    ~0.58 of its single-threaded time (bench/RESULTS.md). A backlog runs one text per core,
-    each on the single-threaded session.
+    Nothing treats a lone long text apart: measured against running it over every core (as
+    per-layer slices, or as a second session with one intra-op thread per core), plain runs
+    had the shortest tails at 25 % and 50 % load, the same backlog rate and the least memory
+    (bench/RESULTS.md, "a lone long text").
     """
 
     model_id: str
@@ -44,9 +42,6 @@ class OnnxEmbedder:
         model_id: str,
         batch_size: int,
         concurrency: int = 1,
-        lone_model: ort.InferenceSession | None = None,
-        split_min_tokens: int = 0,
-        split_note: str | None = None,
     ) -> None:
         """Use :func:`worker.embedding.load.open_embedder`; this only wires already-validated
         parts together."""
@@ -56,20 +51,8 @@ class OnnxEmbedder:
         self.concurrency = concurrency
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._busy_lock = threading.Lock()
-        self._runs_in_progress = 0
-        self._tasks_outstanding = 0  # work handed to the pool and not finished
-        self.runs_split = 0  # model runs that went to the lone-run session
         self.model = model
         self.encoder = encoder
-        self.lone_model = lone_model if split_min_tokens else None
-        self._split_min_tokens = split_min_tokens if self.lone_model is not None else 0
-        # Why runs never use every core (None: they do, when nothing else runs).
-        self.split_note = (
-            split_note
-            if self.lone_model is not None
-            else (split_note or "runs are not split (KP_EMBED_SPLIT_MIN_TOKENS=0 or one thread)")
-        )
         self._output_name = output_name([o.name for o in model.get_outputs()])
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
@@ -84,7 +67,8 @@ class OnnxEmbedder:
             return self._embed_serially(texts)
         result, batches = self._plan(texts)
         # Longest first: the slowest runs start early, so the threads finish together.
-        runs = [(rows, self._in_pool(self._embed_batch, *batch)) for rows, batch in batches[::-1]]
+        pool = self._executor()
+        runs = [(rows, pool.submit(self._embed_batch, *batch)) for rows, batch in batches[::-1]]
         for rows, run in runs:
             result[rows] = run.result()
         return result
@@ -96,22 +80,7 @@ class OnnxEmbedder:
         of a burst run side by side instead of one after another. ``timing`` is stamped when
         a thread takes the run, when its texts are tokenized and when it ends.
         """
-        return self._in_pool(self._embed_serially, list(texts), timing)
-
-    def _in_pool(self, work: Callable[..., FloatArray], *args: Any) -> Future[FloatArray]:
-        """``work(*args)`` on the pool, counted as outstanding until it ends: a thread with
-        work waiting for it is not idle, and a long run does not take every core then."""
-        with self._busy_lock:
-            self._tasks_outstanding += 1
-
-        def counted() -> FloatArray:
-            try:
-                return work(*args)
-            finally:
-                with self._busy_lock:
-                    self._tasks_outstanding -= 1
-
-        return self._executor().submit(counted)
+        return self._executor().submit(self._embed_serially, list(texts), timing)
 
     def _embed_serially(self, texts: Sequence[str], timing: RunTiming | None = None) -> FloatArray:
         if timing is not None:
@@ -160,18 +129,6 @@ class OnnxEmbedder:
         return self.encoder.embed_batch(encodings, lengths, self.run_model)
 
     def run_model(self, feeds: Feeds) -> FloatArray:
-        """The model's hidden states for one padded batch: on every core when it is long and
-        nothing else runs or waits, else on one."""
-        long_run = self._split_min_tokens and feeds["input_ids"].shape[1] >= self._split_min_tokens
-        with self._busy_lock:
-            alone = self._runs_in_progress == 0 and self._tasks_outstanding <= 1
-            self._runs_in_progress += 1
-            if long_run and alone:
-                self.runs_split += 1
-        session = self.lone_model if long_run and alone and self.lone_model else self.model
-        try:
-            (hidden,) = session.run([self._output_name], feeds)
-            return hidden
-        finally:
-            with self._busy_lock:
-                self._runs_in_progress -= 1
+        """The model's hidden states for one padded batch."""
+        (hidden,) = self.model.run([self._output_name], feeds)
+        return hidden
