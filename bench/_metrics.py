@@ -85,7 +85,7 @@ def histogram(samples: Samples, name: str, **labels: str) -> Histogram:
 
 
 def pipeline_lines(samples: Samples, span: float | None = None) -> list[str]:
-    """Pipeline depth, reused vectors, split model runs and per-stage times from /metrics deltas.
+    """Pipeline depth, reused vectors and per-stage times from /metrics deltas.
 
     Every record is its own pipeline and stages of different records overlap, so a stage's
     total ("busy s", summed over records) exceeds the span when records overlap in it;
@@ -95,11 +95,9 @@ def pipeline_lines(samples: Samples, span: float | None = None) -> list[str]:
     entered = value(samples, "kp_batch_size_count")
     depth = value(samples, "kp_batch_size_sum") / entered if entered else 0.0
     reused = value(samples, "kp_embeddings_reused_total")
-    split = value(samples, "kp_model_runs_split_total")
     lines = [
         f"  records {entered:.0f}, mean pipeline depth {depth:.2f} (records in the pipeline "
-        f"when one enters, itself included), embeddings reused {reused:.0f}, model runs "
-        f"split {split:.0f}",
+        f"when one enters, itself included), embeddings reused {reused:.0f}",
         f"  {'stage':<11} {'ms/trace':>9} {'busy s':>8}" + (f" {'x span':>7}" if span else ""),
     ]
     for stage in STAGES:

@@ -9,7 +9,7 @@ the model alone: no broker, no decoding, no scoring, no publishing. Per engine, 
 process:
 
 1. ``work``: each corpus text's model time alone on one thread (an embedder of one thread,
-   which never splits a run), the median of ``--repeats``;
+   the shipped embedder with one model thread), the median of ``--repeats``;
 2. ``max rate``: the embedder as shipped on a backlog of the same texts (the worker, with
    its Kafka clients beside it, reaches less); the loads are fractions of the first
    engine's, so that every engine gets the same arrivals (as in the latency bench);
@@ -27,17 +27,17 @@ process:
        pre-empting a run never helps then);
    - on two real cores:
      - ``two cores, whole runs``: each run whole on the first free core in arrival order
-       (the worker before runs were split), for comparison;
+       (what the worker does: a lone text runs on one core);
      - ``as shipped (model)``: the embedder's own rule as a fluid model: at most two runs at
-       once, a run alone as fast as it measured alone as shipped (split when long enough),
+       once, a run alone as fast as it measured alone as shipped,
        two side by side each as much slower as the backlog's rate says. Then the same with
-       either loss taken away: runs side by side at full speed, splits twice as fast;
+       either loss taken away: runs side by side at full speed, a run alone twice as fast;
 4. ``as shipped``, first ``--texts`` arrivals: the fluid model, then the embedder itself fed
    those arrivals in real time (the time from each arrival to its vector).
 
 A target the ``fewest late`` row misses cannot be met by any scheduling on these cores: only
 less work per trace (a faster engine, shorter texts) or more cores can meet it. The fluid
-model's rows show how much of the rest the splits' and the shared caches' losses cost.
+model's rows show how much of the rest a lone run's idle core and the shared caches cost.
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def as_shipped(
     """Response times on two cores under the embedder's own rule, as a fluid model.
 
     At most two runs at a time, the rest wait in arrival order; a run alone goes
-    ``alone_speed`` times as fast as on one thread (split over both cores, from whichever
-    layer it finds the other free), two runs side by side each go ``1 / side_by_side`` as
+    ``alone_speed`` times as fast as on one thread (about 1 as shipped: a lone run takes one
+    core), two runs side by side each go ``1 / side_by_side`` as
     fast (they share caches and memory bandwidth).
     """
     count = len(arrivals)
@@ -163,9 +163,8 @@ def fewest_late(arrivals: Seconds, work: Seconds, budget: float) -> int:
 class Engine:
     name: str
     work: Seconds  # each text alone on one thread
-    alone: Seconds  # each text alone on the embedder as shipped (split when long enough)
+    alone: Seconds  # each text alone on the embedder as shipped
     max_rate: float  # the embedder as shipped on a backlog, texts/s
-    runs_split: int  # of the backlog's runs
 
     @property
     def alone_speed(self) -> Seconds:
@@ -210,12 +209,11 @@ def measure_engine(name: str, texts: Sequence[str], repeats: int) -> tuple[Engin
                 taken.append(time.perf_counter() - started)
         work[index], alone[index] = (float(np.median(taken)) for taken in times)
     one_thread.close()
-    split_before = shipped.runs_split
     started = time.perf_counter()
     for future in [shipped.submit([text]) for text in texts]:
         future.result()
     max_rate = len(texts) / (time.perf_counter() - started)
-    return Engine(name, work, alone, max_rate, shipped.runs_split - split_before), shipped
+    return Engine(name, work, alone, max_rate), shipped
 
 
 def replay(embedder: Any, texts: Sequence[str], arrivals: Seconds) -> Seconds:
@@ -291,9 +289,9 @@ def main() -> None:
             f"{engine.alone_speed[slowest].mean():.2f}x as fast as on one thread"
         )
         print(
-            f"    max rate {engine.max_rate:.1f} texts/s as shipped ({engine.runs_split} of "
-            f"{len(texts)} runs split), 2 / mean work {2 / work.mean():.1f}: two runs side by "
-            f"side each {engine.side_by_side:.2f}x slower than alone"
+            f"    max rate {engine.max_rate:.1f} texts/s as shipped, 2 / mean work "
+            f"{2 / work.mean():.1f}: two runs side by side each "
+            f"{engine.side_by_side:.2f}x slower than alone"
         )
         print(f"    {'(ms)':38s} {'p50':>7s} {'p95':>7s} {'p99':>7s} {'>100ms':>8s}")
         reference = reference or engine.max_rate
@@ -316,7 +314,7 @@ def main() -> None:
             for label, alone_speed, side_by_side in (
                 ("as shipped (model)", speeds, engine.side_by_side),
                 ("  side by side at full speed", speeds, 1.0),
-                ("  splits twice as fast", perfect, engine.side_by_side),
+                ("  alone twice as fast", perfect, engine.side_by_side),
                 ("  both", perfect, 1.0),
             ):
                 print(row(label, as_shipped(arrivals, needs, alone_speed, side_by_side)))

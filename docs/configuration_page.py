@@ -143,24 +143,9 @@ MEANINGS: dict[str, str] = {
         "weights; on CPU this beats one run over several intra-op threads (`bench/RESULTS.md`)"
     ),
     "embed_threads": (
-        "onnxruntime intra-op threads of each run. `2` also lets a lone trace use a second core, "
-        "but every run of a backlog then pays for it (1-15 % less throughput, ~20 MB more "
-        "memory); splitting a lone text's tokens (`KP_EMBED_SPLIT_MIN_TOKENS`) does the same only"
-        " when the other threads are idle (`bench/RESULTS.md`)"
-    ),
-    "embed_split_min_tokens": (
-        "a text of at least this many tokens that arrives while the other model threads have no "
-        "work splits its tokens over them, layer by layer (a lone 256-token text ~60 ms instead "
-        "of ~95 ms; the demo 100 % within 100 ms against 95-100 %); when another text starts "
-        "meanwhile the slices join, and split again once it is alone. A text that arrives beside "
-        "another, and every text of a backlog, runs the whole model in one call. The model is "
-        "loaded as one session holding the whole model and one stage per encoder layer as "
-        "branches over the same weights (held and packed once), checked bit for bit against the "
-        "whole model at start-up; a model whose stages would differ (the int8 engine, for one) "
-        "runs whole, and the `scorer ready` log line says why (`model_runs_split`). `0` loads the"
-        " model whole and never splits (`bench/RESULTS.md`). `kp-scorer score` and `replay` work "
-        "through backlogs, where runs find no idle thread, and always load the model whole ([The "
-        "embedding model](model.md))"
+        "onnxruntime intra-op threads of each run. With `KP_EMBED_CONCURRENCY=1`, `2` runs one "
+        "text at a time over two cores: a shorter tail at a light, steady rate but about 0.6 of "
+        "the backlog rate ([The embedding model](model.md#a-lone-long-text))"
     ),
     "embed_batch_size": (
         "texts per model run; on CPU 1 is fastest for mixed-length traces and smallest in memory "

@@ -168,10 +168,6 @@ class Settings(BaseSettings):
     # side use the cores better than one run over several intra-op threads: bench/RESULTS.md.
     embed_concurrency: PositiveInt | None = None
     embed_threads: PositiveInt = 1  # intra-op threads of each run
-    # A run of at least this many tokens splits its tokens over the model threads that are
-    # idle, layer by layer (same vectors, ~40 % less time for a lone 256-token text); 0 = never.
-    # The stream worker's setting: `score` and `replay` work through backlogs, model whole.
-    embed_split_min_tokens: int = Field(default=64, ge=0)
     # Texts per onnxruntime run. 1 measured fastest on CPU for mixed-length traces (no
     # padding) and keeps the arena small: bench/RESULTS.md. A GPU provider may want more.
     embed_batch_size: PositiveInt = 1
@@ -329,6 +325,8 @@ REMOVED_VARIABLES = {
     f"{_BUILD_THE_MODEL}",
     "KP_INT8_RECIPE": f"removed: the recipe is chosen when the model is built; {_BUILD_THE_MODEL}",
     "KP_MODEL_CACHE_DIR": f"removed: nothing is derived or cached at run time; {_BUILD_THE_MODEL}",
+    "KP_EMBED_SPLIT_MIN_TOKENS": "removed: a lone long text runs like any other, one text per "
+    "model thread (shorter tails, measured: docs/model.md); unset it",
 }
 
 

@@ -77,7 +77,7 @@ def check_codecs() -> list[str]:
 
 def check_model(settings: Settings) -> dict[str, Any]:
     """Load and verify the model exactly as the worker does (required here), embed a text."""
-    config = replace(EmbedderConfig.from_settings(settings), concurrency=1, split_min_tokens=0)
+    config = replace(EmbedderConfig.from_settings(settings), concurrency=1)
     try:
         embedder = open_embedder(config)
     except EmbedderUnavailable as exc:

@@ -102,17 +102,6 @@ def say(text: str, style: str | None = None) -> None:
     err_console.print(text, style=style, markup=False, highlight=False)
 
 
-def model_whole(settings: Settings) -> Settings:
-    """Settings for a command that embeds a backlog (``score``, ``replay``): the model whole.
-
-    On a backlog every model thread has a text of its own, so a run finds no idle thread to
-    split over; loading the model as stages would only add their start-up check, a model run
-    per layer and their memory (bench/RESULTS.md: ``kp-scorer score`` of 360 lines ~1.13x as
-    fast, ~90 MiB less at its peak).
-    """
-    return settings.model_copy(update={"embed_split_min_tokens": 0})
-
-
 def name_of(file: str | None) -> str:
     """How a line source is named in outputs: the path, or ``stdin``."""
     return "stdin" if file in (None, "-") else str(Path(file))

@@ -194,7 +194,7 @@ def replay(
     from worker.core.scorer import build_scorer
 
     settings = cli.checked_settings(profiles, threshold, quieter=True)
-    scorer = build_scorer(cli.model_whole(settings))
+    scorer = build_scorer(settings)
     scope = ReplayRange(topic=topic, **bounds)
     result = progress.with_record_progress(
         "replaying",

@@ -203,7 +203,7 @@ def score(
 
     settings = cli.checked_settings(profiles, threshold)
     # JSON lines are never framed: KP_INPUT_FRAMING is the input topic's, not a file's.
-    offline = cli.model_whole(settings).model_copy(update={"input_framing": "json"})
+    offline = settings.model_copy(update={"input_framing": "json"})
     scorer = build_scorer(offline, use_embedder=not no_embedder)
     if scorer.embedder is None and not no_embedder:
         cli.err_console.print(

@@ -7,7 +7,7 @@
 - ``encoder``: one batch through the model: tokenize, run, pool.
 - ``pool``: :class:`OnnxEmbedder`, runs spread over a few threads sharing one model.
 - ``load``: verify, open and smoke-test; :func:`load_embedder` falls back to no model.
-- ``streamline``, ``stages``, ``stage_graph``: exact speed-ups of the model's runs.
+- ``streamline``: exact rewrites of the model graph (less work, less memory).
 - ``build``: model files built offline by `kp-scorer model build` (the int8 engine).
 """
 

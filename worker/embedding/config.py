@@ -12,8 +12,6 @@ if TYPE_CHECKING:
     from worker.settings import Settings
 
 CPU_PROVIDERS = ("CPUExecutionProvider",)
-# Runs of at least this many tokens split over idle threads (0: never; worker default).
-SPLIT_MIN_TOKENS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +29,6 @@ class EmbedderConfig:
     threads: int = 1  # intra-op threads of each run
     concurrency: int = 1  # runs side by side, each on its own thread
     batch_size: int = 1
-    split_min_tokens: int = SPLIT_MIN_TOKENS
     providers: tuple[str, ...] = CPU_PROVIDERS
     required: bool = False  # raise instead of falling back to novelty 0.5
 
@@ -46,7 +43,6 @@ class EmbedderConfig:
             threads=settings.embed_threads,
             concurrency=settings.resolved_embed_concurrency,
             batch_size=settings.embed_batch_size,
-            split_min_tokens=settings.embed_split_min_tokens,
             providers=settings.embed_provider_names,
             required=settings.embedder_required,
         )

@@ -6,7 +6,6 @@ worker can keep scoring with novelty 0.5.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,17 +16,11 @@ from worker.embedding.encoder import Encoder, load_tokenizer
 from worker.embedding.files import INT8, model_id, resolve_model, verified_sha256
 from worker.embedding.pool import OnnxEmbedder
 from worker.embedding.protocol import DIMENSIONS, EmbedderUnavailable
-from worker.embedding.session import OUTPUT_NAME, SessionFactory, streamlined_model
-from worker.embedding.stages import StagedEncoder, staged_encoder
+from worker.embedding.session import SessionFactory, streamlined_model
 from worker.logs import one_line
 from worker.memory import release_freed_memory
 
 _REQUIRED_INPUTS = ("input_ids", "attention_mask")
-# The stages are checked against the whole model on this text's tokens at load.
-_STAGE_PROBE_TEXT = (
-    "An agent read the failing test, traced the error to a stale cache entry, cleared it, "
-    "reran the suite and recorded why the fix holds. "
-) * 2
 
 
 def load_embedder(config: EmbedderConfig) -> tuple[OnnxEmbedder | None, str | None]:
@@ -59,12 +52,11 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
         or config.max_tokens < 2
         or config.threads < 1
         or config.concurrency < 1
-        or config.split_min_tokens < 0
     ):
         raise EmbedderUnavailable(
             f"invalid embedder options: batch_size={config.batch_size}, "
             f"max_tokens={config.max_tokens}, intra_op_threads={config.threads}, "
-            f"concurrency={config.concurrency}, split_min_tokens={config.split_min_tokens}"
+            f"concurrency={config.concurrency}"
         )
     model_path, expected_sha256, built_id, engine = resolve_model(config)
     if engine == INT8 and config.batch_size != 1:
@@ -75,19 +67,15 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
         )
     actual_sha256 = verified_sha256(model_path, expected_sha256)
     tokenizer, pad_id = load_tokenizer(Path(config.tokenizer_path), config.max_tokens)
-    splits = config.split_min_tokens > 0 and config.concurrency > 1
-    probe = tokenizer.encode(_STAGE_PROBE_TEXT).ids if splits else None
-    sessions = SessionFactory(config.threads, config.providers)
-    model, split_note = _open_model(model_path, sessions, probe)
-    input_names = [i.name for i in model.get_inputs()]
+    graph = streamlined_model(model_path)
+    model = _open_model(model_path, graph, SessionFactory(config.threads, config.providers))
+    encoder = Encoder(tokenizer, pad_id, config.max_tokens, [i.name for i in model.get_inputs()])
     embedder = OnnxEmbedder(
         model=model,
-        encoder=Encoder(tokenizer, pad_id, config.max_tokens, input_names),
+        encoder=encoder,
         model_id=built_id or model_id(model_path, actual_sha256),
         batch_size=config.batch_size,
         concurrency=config.concurrency,
-        split_min_tokens=config.split_min_tokens,
-        split_note=split_note,
     )
     _smoke_test(embedder, model_path, config.max_tokens)
     # Loading turns the packaged int8 weights into float32 constants; trimming the freed
@@ -115,17 +103,11 @@ def _smoke_test(embedder: OnnxEmbedder, model_path: Path, max_tokens: int) -> No
 
 
 def _open_model(
-    model_path: Path, sessions: SessionFactory, stage_probe: Sequence[int] | None
-) -> tuple[ort.InferenceSession | StagedEncoder, str | None]:
-    """The model as one session, or as stages when `stage_probe` (token ids to check the
-    stages on) is given and the model can be cut exactly; and why it is not staged."""
-    model = streamlined_model(model_path)
+    model_path: Path, graph: str | bytes, sessions: SessionFactory
+) -> ort.InferenceSession:
+    """The model in a session of ``sessions``, with the inputs the encoder feeds."""
     try:
-        if stage_probe is None:
-            session: ort.InferenceSession | StagedEncoder = sessions.open(model)
-            note = None
-        else:
-            session, note = staged_encoder(model, sessions, OUTPUT_NAME, stage_probe)
+        session = sessions.open(graph)
     except Exception as exc:
         raise EmbedderUnavailable(
             f"model {model_path} cannot be loaded by onnxruntime: {one_line(exc)}"
@@ -137,4 +119,4 @@ def _open_model(
             f"model {model_path} lacks inputs {missing} (has {sorted(inputs)}); "
             "expected a BERT-style sentence encoder"
         )
-    return session, note
+    return session

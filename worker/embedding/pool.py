@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -15,7 +14,6 @@ from tokenizers import Encoding
 from worker.embedding.encoder import Encoder, Feeds, IntArray
 from worker.embedding.protocol import DIMENSIONS, FloatArray, RunTiming
 from worker.embedding.session import output_name
-from worker.embedding.stages import StagedEncoder, most_slices
 
 
 class OnnxEmbedder:
@@ -27,9 +25,10 @@ class OnnxEmbedder:
     one session, with one copy of the weights). A text's vector does not depend on which
     thread ran it.
 
-    A long run that starts while other threads have no work splits its tokens over them,
-    layer by layer (:mod:`worker.embedding.stages`), so a trace that arrives alone uses every
-    core; a backlog runs one text per core, each in one model call.
+    Nothing treats a lone long text apart: measured against running it over every core (as
+    per-layer slices, or as a second session with one intra-op thread per core), plain runs
+    had the shortest tails at 25 % and 50 % load, the same backlog rate and the least memory
+    (bench/RESULTS.md, "a lone long text").
     """
 
     model_id: str
@@ -38,13 +37,11 @@ class OnnxEmbedder:
     def __init__(
         self,
         *,
-        model: ort.InferenceSession | StagedEncoder,
+        model: ort.InferenceSession,
         encoder: Encoder,
         model_id: str,
         batch_size: int,
         concurrency: int = 1,
-        split_min_tokens: int = 0,
-        split_note: str | None = None,
     ) -> None:
         """Use :func:`worker.embedding.load.open_embedder`; this only wires already-validated
         parts together."""
@@ -53,22 +50,9 @@ class OnnxEmbedder:
         self.batch_size = batch_size
         self.concurrency = concurrency
         self._pool: ThreadPoolExecutor | None = None
-        self.slice_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self.thread_use = ThreadUse(concurrency)
-        self.runs_split = 0  # model runs that ran at least one layer in slices
-        self.model = model  # one session, or the same weights as stages
+        self.model = model
         self.encoder = encoder
-        # Splitting a run over the idle threads needs the stages and more than one thread.
-        self._split_min_tokens = (
-            split_min_tokens if isinstance(model, StagedEncoder) and concurrency > 1 else 0
-        )
-        # Why runs are never split (None: they are, when the other threads are idle).
-        self.split_note = (
-            split_note
-            if self._split_min_tokens
-            else (split_note or "runs are not split (KP_EMBED_SPLIT_MIN_TOKENS=0 or one thread)")
-        )
         self._output_name = output_name([o.name for o in model.get_outputs()])
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
@@ -83,7 +67,8 @@ class OnnxEmbedder:
             return self._embed_serially(texts)
         result, batches = self._plan(texts)
         # Longest first: the slowest runs start early, so the threads finish together.
-        runs = [(rows, self._in_pool(self._embed_batch, *batch)) for rows, batch in batches[::-1]]
+        pool = self._executor()
+        runs = [(rows, pool.submit(self._embed_batch, *batch)) for rows, batch in batches[::-1]]
         for rows, run in runs:
             result[rows] = run.result()
         return result
@@ -95,23 +80,7 @@ class OnnxEmbedder:
         of a burst run side by side instead of one after another. ``timing`` is stamped when
         a thread takes the run, when its texts are tokenized and when it ends.
         """
-        return self._in_pool(self._embed_serially, list(texts), timing)
-
-    def _in_pool(self, work: Callable[..., FloatArray], *args: Any) -> Future[FloatArray]:
-        """``work(*args)`` on the pool, counted as outstanding until it ends: a thread with
-        work waiting for it is not idle, and long runs do not split over it."""
-        use = self.thread_use
-        with use.lock:
-            use.tasks_outstanding += 1
-
-        def counted() -> FloatArray:
-            try:
-                return work(*args)
-            finally:
-                with use.lock:
-                    use.tasks_outstanding -= 1
-
-        return self._executor().submit(counted)
+        return self._executor().submit(self._embed_serially, list(texts), timing)
 
     def _embed_serially(self, texts: Sequence[str], timing: RunTiming | None = None) -> FloatArray:
         if timing is not None:
@@ -148,70 +117,18 @@ class OnnxEmbedder:
                 self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="kp-embed")
             return self._pool
 
-    def _slice_executor(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self.slice_pool is None:
-                self.slice_pool = ThreadPoolExecutor(
-                    self.concurrency - 1, thread_name_prefix="kp-embed-slice"
-                )
-            return self.slice_pool
-
     def close(self) -> None:
         """Let the embedding threads finish their current run and exit."""
         with self._pool_lock:
-            pools = (self._pool, self.slice_pool)
-            self._pool = self.slice_pool = None
-        for pool in pools:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _embed_batch(self, encodings: list[Encoding], lengths: IntArray) -> FloatArray:
         """One padded batch through the model, mean-pooled and normalised."""
         return self.encoder.embed_batch(encodings, lengths, self.run_model)
 
     def run_model(self, feeds: Feeds) -> FloatArray:
-        """The model's hidden states for one padded batch. A long one is split, layer by
-        layer, over the threads no other run holds at that moment."""
-        width = feeds["input_ids"].shape[1]
-        use = self.thread_use
-        with use.lock:
-            use.runs_in_progress += 1
-        split = False
-
-        def slices_now() -> int:
-            nonlocal split
-            slices = min(use.slices_now(), most_slices(width))
-            split = split or slices > 1
-            return slices
-
-        try:
-            if self._split_min_tokens and width >= self._split_min_tokens:
-                assert isinstance(self.model, StagedEncoder)
-                return self.model.run_split(feeds, self._slice_executor(), slices_now)
-            (hidden,) = self.model.run([self._output_name], feeds)
-            return hidden
-        finally:
-            with use.lock:
-                use.runs_in_progress -= 1
-                self.runs_split += split
-
-
-class ThreadUse:
-    """How busy the pool's threads are: what decides whether a long run splits, and how far.
-
-    A thread is busy while it runs the model or while work waits for it: on a backlog every
-    thread has its own text and runs stay whole.
-    """
-
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
-        self.lock = threading.Lock()
-        self.runs_in_progress = 0  # model runs under way, whoever called them
-        self.tasks_outstanding = 0  # work handed to the pool and not finished
-
-    def slices_now(self) -> int:
-        """Slices a long run may cut its next layer into: itself plus its share of the idle
-        threads (the runs under way share them, so no more slices run than threads)."""
-        runs = max(self.runs_in_progress, 1)
-        busy = max(runs, min(self.tasks_outstanding, self.threads))
-        return 1 + (self.threads - busy) // runs
+        """The model's hidden states for one padded batch."""
+        (hidden,) = self.model.run([self._output_name], feeds)
+        return hidden

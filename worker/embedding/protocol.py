@@ -43,16 +43,6 @@ class Embedder(Protocol):
         when given, is stamped as the run goes."""
         ...
 
-    @property
-    def runs_split(self) -> int:
-        """Model runs that ran at least one layer split over idle threads (a counter)."""
-        ...
-
-    @property
-    def split_note(self) -> str | None:
-        """Why runs are never split; None when they are, while the other threads idle."""
-        ...
-
     def close(self) -> None:
         """Let the embedding threads finish their current run and exit."""
         ...

@@ -183,22 +183,13 @@ class ScorerApp(faust.App):
             observer=observer,
             timing_header=settings.timing_header,
         )
-        embedder = scorer.embedder
-        observer.embedder_loaded(
-            scorer.model_id,
-            scorer.embedder_reason,
-            None if embedder is None else lambda: embedder.runs_split,
-        )
+        observer.embedder_loaded(scorer.model_id, scorer.embedder_reason)
         log.info(
             "scorer ready",
             extra={
                 "input_topic": settings.input_topic,
                 "group_id": settings.group_id,
                 "model": scorer.model_id,
-                # Whether a lone text's run is split over idle model threads, or why not.
-                "model_runs_split": "no embedder"
-                if embedder is None
-                else embedder.split_note or "when the other model threads are idle",
                 "metrics_port": settings.metrics_port,
                 "idempotent_publishing": self._publisher.idempotent,
             },

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from worker.stream.lag import Lag
@@ -161,29 +161,3 @@ class _LagCollector(Collector):
 
 consumer_lag = _LagCollector()
 REGISTRY.register(consumer_lag)
-
-
-class _SplitRunsCollector(Collector):
-    """kp_model_runs_split_total, read when scraped from the embedder's own count."""
-
-    def __init__(self) -> None:
-        self.source: Callable[[], int] | None = None
-
-    def describe(self) -> list[CounterMetricFamily]:
-        return [self._family(0)]
-
-    def collect(self) -> list[CounterMetricFamily]:
-        return [self._family(self.source() if self.source else 0)]
-
-    @staticmethod
-    def _family(runs: int) -> CounterMetricFamily:
-        return CounterMetricFamily(
-            "kp_model_runs_split",
-            "Model runs that ran at least one encoder layer split over idle model threads "
-            "(KP_EMBED_SPLIT_MIN_TOKENS)",
-            value=runs,
-        )
-
-
-model_runs_split = _SplitRunsCollector()
-REGISTRY.register(model_runs_split)

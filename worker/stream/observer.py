@@ -5,7 +5,7 @@ never touches a metric itself. The default observer writes the Prometheus metric
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from worker.core.records import Decision, RoutedRecord
 from worker.stream import metrics
@@ -78,16 +78,10 @@ class MetricsObserver:
     def broker_unreachable(self, error: BaseException | str) -> None:
         self.broker.unreachable(error)
 
-    def embedder_loaded(
-        self,
-        model_id: str | None,
-        reason: str | None,
-        runs_split: Callable[[], int] | None = None,
-    ) -> None:
-        """The scorer is ready; ``runs_split`` reads the embedder's count of split runs."""
+    def embedder_loaded(self, model_id: str | None, reason: str | None) -> None:
+        """The scorer is ready, with a model or without one (and why)."""
         metrics.embedder_up.set(1 if model_id else 0)
         metrics.embedder_info.info({"model": model_id or "", "reason": reason or ""})
-        metrics.model_runs_split.source = runs_split
         self.health.scorer_ready(model_id, reason)
 
     def partitions_assigned(self, partitions: Sequence[TopicPartition]) -> None:

@@ -334,34 +334,3 @@ def test_every_example_trace_scores(capsys: pytest.CaptureFixture[str]) -> None:
     for item in records:
         assert 0.0 <= item["score"]["score"] <= 1.0
         assert item["score"]["novelty_source"] == "no_embedder"
-
-
-class _Built(Exception):
-    """Stops a command once it has built its scorer."""
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["score", "--quiet", "-"],
-        ["replay", "--topic", "kp.traces", "--output-prefix", "kp.whatif"],
-    ],
-    ids=["score", "replay"],
-)
-def test_backlog_commands_load_the_model_whole(
-    argv: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Their runs (nearly) never find an idle thread to split over: no stages are loaded."""
-    import worker.core.scorer
-
-    monkeypatch.setenv("KP_EMBED_SPLIT_MIN_TOKENS", "32")
-    built: list[int] = []
-
-    def build_scorer(settings: Any, **_: Any) -> None:
-        built.append(settings.embed_split_min_tokens)
-        raise _Built
-
-    monkeypatch.setattr(worker.core.scorer, "build_scorer", build_scorer)
-    with pytest.raises(_Built):
-        main(argv)
-    assert built == [0]

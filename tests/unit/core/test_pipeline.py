@@ -42,8 +42,6 @@ class FakeEmbedder:
 
     model_id = "fake-sha256"
     dimensions = FAKE_DIMS
-    runs_split = 0
-    split_note = "a fake runs no model"
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []

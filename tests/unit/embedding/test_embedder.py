@@ -358,7 +358,6 @@ def test_the_embedder_config_is_the_settings_embedding_part(tmp_path: Path) -> N
         "embed_threads": (2, "threads"),
         "embed_concurrency": (3, "concurrency"),
         "embed_batch_size": (4, "batch_size"),
-        "embed_split_min_tokens": (96, "split_min_tokens"),
         "embedder_required": (True, "required"),
     }
     config = config_of(load_settings(**{k: v for k, (v, _) in settings_to_fields.items()}))
@@ -401,16 +400,22 @@ def test_a_provider_onnxruntime_lacks_is_refused_at_start_up(
         assert "CPUExecutionProvider" in str(raised.value).rpartition("available: ")[2]
 
 
-def test_the_worker_reads_split_runs_through_the_embedder_protocol(
+def test_the_removed_split_setting_stops_start_up_saying_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KP_EMBED_SPLIT_MIN_TOKENS", "64")
+    with pytest.raises(SettingsError, match=r"KP_EMBED_SPLIT_MIN_TOKENS: removed: a lone long"):
+        load_settings()
+
+
+def test_the_worker_reads_the_embedder_through_its_protocol(
     embedder: OnnxEmbedder,
 ) -> None:
     """Every name the worker reads from an embedder is part of the protocol, and the loaded
     embedder has each: no feature probing of the embedder anywhere."""
-    members = {"model_id", "dimensions", "embed", "submit", "runs_split", "split_note", "close"}
+    members = {"model_id", "dimensions", "embed", "submit", "close"}
     assert members <= set(dir(Embedder)) | set(Embedder.__annotations__)
     assert all(hasattr(embedder, name) for name in members)
-    assert embedder.runs_split == 0
-    assert embedder.split_note is not None and "not split" in embedder.split_note
     worker_sources = (REPO / "worker").rglob("*.py")
     probes = re.compile(r"(getattr|hasattr)\([^)]*embedder")
     assert [path.name for path in worker_sources if probes.search(path.read_text())] == []

@@ -59,9 +59,8 @@ def test_the_simulation_runs_the_model_alone_on_the_phase_send_times(bench: Modu
     engine = bench.budget_floor.Engine(
         "model",
         work=np.array([0.04, 0.08]),
-        alone=np.array([0.04, 0.08]),  # no split: as fast alone as on one thread
+        alone=np.array([0.04, 0.08]),  # as fast alone as on one thread
         max_rate=50.0,  # two at once at full speed: 2 / mean work = 33 < 50
-        runs_split=0,
     )
     apart = [bench._worker.Sent(0, i, 100.0 + i) for i in range(100)]
     # Far apart, each trace takes its own text's time: half 40 ms, half 80 ms.

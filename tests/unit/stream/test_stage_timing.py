@@ -44,8 +44,6 @@ class TimedEmbedder:
 
     model_id = "timed"
     dimensions = 384
-    runs_split = 0
-    split_note = "a fake runs no model"
 
     def __init__(self) -> None:
         self.pool = ThreadPoolExecutor(2)

@@ -32,8 +32,6 @@ class HashEmbedder:
 
     model_id = "hash"
     dimensions = 384
-    runs_split = 0
-    split_note = "a fake runs no model"
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         rows = []
