@@ -71,6 +71,7 @@ from _metrics import BUDGET_SECONDS, fmt_ms
 from aiokafka import AIOKafkaProducer
 
 from worker.dev.embedded_broker import EmbeddedBroker
+from worker.stream.timing import STAGES
 
 WARMUP_RECORDS = 24
 TARGET_LOAD = 0.5
@@ -79,17 +80,7 @@ TARGET_E2E_P99 = 0.15
 TARGET_BREACHES = 0.01
 SLOWEST_SHARE = 0.05
 # The stages of the kp-timing-ms header, in pipeline order (publish comes after the stamp).
-HEADER_STAGES = (
-    "fetch",
-    "decode_wait",
-    "decode",
-    "embed_wait",
-    "tokenize",
-    "embed",
-    "order_wait",
-    "novelty",
-    "score",
-)
+HEADER_STAGES = tuple(stage for stage in STAGES if stage != "publish")
 WAITS = ("decode_wait", "embed_wait", "order_wait")
 # Settings in a --config are separated by commas that start a new KEY=, so a value may
 # itself contain commas (a JSON object, say).
