@@ -72,3 +72,23 @@ def test_replay_reproduces_the_live_scores(kafka_bootstrap: str, scenario, conti
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"compared with the live outputs: {TRACES} records, 0 flipped" in result.stderr
     assert scores_of(run.collect(expected)) == continuous
+
+
+def test_replay_from_a_time_after_the_last_record_replays_nothing(
+    kafka_bootstrap: str, scenario
+) -> None:
+    """No record of any partition is at or after --from-time: no partition is replayed from
+    its start."""
+    input_topic, _, _ = scenario
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    argv = ["replay", "--topic", input_topic, "--from-time", "2100-01-01T00:00:00Z"]
+    result = subprocess.run(
+        [sys.executable, "-m", "worker.cli", *argv, "--output-prefix", f"{input_topic}.late"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"replayed 0 records into {input_topic}.late.*" in result.stderr

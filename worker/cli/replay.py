@@ -76,7 +76,9 @@ class _NoCommittedOffsets:
 
 async def _bounds(
     reader: PartitionLogReader, scope: ReplayRange, partition: int
-) -> tuple[int, int | None, int | None]:
+) -> tuple[int, int | None, int | None] | None:
+    """(start, end offset, end time) of the partition's range; None when no record of the
+    partition is at or after --from-time (nothing to replay there)."""
     low = await reader.first_offset(scope.topic, partition)
     start = low
     if scope.from_offset is not None:
@@ -85,7 +87,9 @@ async def _bounds(
         found = await reader.offset_for_time(
             scope.topic, partition, cli.epoch_ms(scope.from_time) or 0
         )
-        start = low if found is None else max(low, found)
+        if found is None:
+            return None
+        start = max(low, found)
     return start, scope.to_offset, cli.epoch_ms(scope.to_time)
 
 
@@ -136,7 +140,8 @@ async def _replay(
         summary.original_found = bool(original)
         await publisher.start()
         stream = StreamScorer(scorer, _NoCommittedOffsets(lookup), publisher)
-        bounds = {p: await _bounds(iterate, scope, p) for p in partitions}
+        found = {p: await _bounds(iterate, scope, p) for p in partitions}
+        bounds = {p: range_ for p, range_ in found.items() if range_ is not None}
         total = None
         if all(end is not None for _, end, _ in bounds.values()):
             total = sum(max(0, end - start) for start, end, _ in bounds.values() if end is not None)

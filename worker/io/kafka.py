@@ -256,10 +256,14 @@ class PartitionLogReader:
         return await asyncio.wait_for(ask(), timeout)
 
     async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
-        """First offset whose timestamp is >= timestamp_ms, or None if there is none."""
+        """First offset whose timestamp is >= timestamp_ms, or None if there is none.
+
+        A broker answers "none" as no offset, or as an offset with timestamp -1 (the
+        protocol's unknown): an offset found always has a timestamp at or after the one asked.
+        """
         tp = TopicPartition(topic, partition)
         found = (await self._consumer.offsets_for_times({tp: timestamp_ms}))[tp]
-        return None if found is None else found.offset
+        return None if found is None or found.timestamp < timestamp_ms else found.offset
 
     async def iter_range(
         self,
