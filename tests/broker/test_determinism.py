@@ -52,25 +52,8 @@ def test_replay_reproduces_the_live_scores(kafka_bootstrap: str, scenario, conti
         "KP_REJECTED_TOPIC": f"{input_topic}.a.rejected",
         "KP_DEAD_LETTER_TOPIC": f"{input_topic}.a.dead-letter",
     }
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "worker.cli",
-            "replay",
-            "--topic",
-            input_topic,
-            "--output-prefix",
-            f"{input_topic}.d",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert f"compared with the live outputs: {TRACES} records, 0 flipped" in result.stderr
+    stderr = replay(env, "--topic", input_topic, "--output-prefix", f"{input_topic}.d")
+    assert f"compared with the live outputs: {TRACES} records, 0 flipped" in stderr
     assert scores_of(run.collect(expected)) == continuous
 
 
@@ -81,9 +64,18 @@ def test_replay_from_a_time_after_the_last_record_replays_nothing(
     its start."""
     input_topic, _, _ = scenario
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
-    argv = ["replay", "--topic", input_topic, "--from-time", "2100-01-01T00:00:00Z"]
+    stderr = replay(
+        env,
+        *("--topic", input_topic, "--from-time", "2100-01-01T00:00:00Z"),
+        *("--output-prefix", f"{input_topic}.late"),
+    )
+    assert f"replayed 0 records into {input_topic}.late.*" in stderr
+
+
+def replay(env: dict[str, str], *argv: str) -> str:
+    """`kp-scorer replay ARGV`'s stderr; it must exit 0."""
     result = subprocess.run(
-        [sys.executable, "-m", "worker.cli", *argv, "--output-prefix", f"{input_topic}.late"],
+        [sys.executable, "-m", "worker.cli", "replay", *argv],
         env=env,
         capture_output=True,
         text=True,
@@ -91,4 +83,4 @@ def test_replay_from_a_time_after_the_last_record_replays_nothing(
         check=False,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert f"replayed 0 records into {input_topic}.late.*" in result.stderr
+    return result.stderr
