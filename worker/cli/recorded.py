@@ -4,7 +4,6 @@ their recorded novelty (no model)."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import sys
 from collections.abc import Callable, Sequence
@@ -89,7 +88,7 @@ class Recorded:
         result = progress.with_record_progress(
             "rescoring",
             settings,
-            lambda advance: asyncio.run(
+            lambda advance: progress.run_interruptible(
                 rescore_topics(settings, rescorer, scope, prefix, out, advance, summary)
             ),
             quiet=quiet,

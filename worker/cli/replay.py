@@ -9,7 +9,6 @@ the summary shows what would change.
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -204,7 +203,9 @@ def replay(
     result = progress.with_record_progress(
         "replaying",
         settings,
-        lambda advance: asyncio.run(_replay(settings, scorer, scope, output_prefix, advance)),
+        lambda advance: progress.run_interruptible(
+            _replay(settings, scorer, scope, output_prefix, advance)
+        ),
         quiet=not cli.err_console.is_terminal,  # as rescore: no bar written into a log file
     )
     if isinstance(result, int):
