@@ -4,13 +4,11 @@ of a file's bytes and lines (``score``, ``rescore``, ``report``) or of a topic r
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import BinaryIO, TypeVar
 
 from rich import progress as bars
 
@@ -19,38 +17,6 @@ from worker.logs import error_line
 from worker.settings import Settings
 
 T = TypeVar("T")
-
-
-def run_interruptible(work: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(work)``, where Ctrl-C ends in KeyboardInterrupt whatever ``work`` raised.
-
-    Ctrl-C cancels the command; a Kafka client cancelled while it connects can end in its own
-    connection error instead of the cancellation, which would read as an unreachable broker
-    (exit 1) rather than an interruption (exit 130). The command's clean-up runs either way.
-    """
-
-    async def interruptible() -> T:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-        interrupted = False
-
-        def on_interrupt() -> None:
-            nonlocal interrupted
-            interrupted = True
-            task.cancel()
-
-        loop.add_signal_handler(signal.SIGINT, on_interrupt)
-        try:
-            return await work
-        except BaseException:
-            if interrupted:
-                raise KeyboardInterrupt from None
-            raise
-        finally:
-            loop.remove_signal_handler(signal.SIGINT)
-
-    return asyncio.run(interruptible())
 
 
 def _progress(verb: str, *columns: object, quiet: bool) -> bars.Progress:

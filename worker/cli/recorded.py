@@ -4,6 +4,7 @@ their recorded novelty (no model)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import sys
 from collections.abc import Callable, Sequence
@@ -88,7 +89,7 @@ class Recorded:
         result = progress.with_record_progress(
             "rescoring",
             settings,
-            lambda advance: progress.run_interruptible(
+            lambda advance: asyncio.run(
                 rescore_topics(settings, rescorer, scope, prefix, out, advance, summary)
             ),
             quiet=quiet,

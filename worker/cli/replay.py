@@ -9,6 +9,7 @@ the summary shows what would change.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -203,9 +204,7 @@ def replay(
     result = progress.with_record_progress(
         "replaying",
         settings,
-        lambda advance: progress.run_interruptible(
-            _replay(settings, scorer, scope, output_prefix, advance)
-        ),
+        lambda advance: asyncio.run(_replay(settings, scorer, scope, output_prefix, advance)),
         quiet=not cli.err_console.is_terminal,  # as rescore: no bar written into a log file
     )
     if isinstance(result, int):
