@@ -251,6 +251,9 @@ def test_ctrl_c_leaves_no_unclosed_client_and_exits_130(
         stdin=subprocess.DEVNULL,
         text=True,
         cwd=REPO,
+        # Ctrl-C as from a shell: a runner started in the background ignores SIGINT, and a
+        # command would inherit that.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert silent_broker.connected.wait(60), "the command never dialled the broker"
