@@ -30,6 +30,7 @@ from worker.core.records import Decision
 from worker.dev.process import WorkerProcess
 from worker.io.kafka import ensure_topics, topic_partitions
 from worker.settings import Settings, load_settings
+from worker.stream.timing import STAGES
 
 # The summary goes to stdout; progress notes and errors go to stderr, so `kp-scorer demo >
 # summary.txt` holds the summary alone and a failure still shows on the terminal.
@@ -211,9 +212,12 @@ def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: S
     if metrics.get("kp_stage_latency_seconds_sum"):
         stage_sums = metrics.get("kp_stage_latency_seconds_sum", {})
         stage_counts = metrics.get("kp_stage_latency_seconds_count", {})
+        order = {stage: index for index, stage in enumerate(STAGES)}
         means = ", ".join(
             f"{dict(labels)['stage']} {1000 * total / max(stage_counts[labels], 1):.1f} ms"
-            for labels, total in sorted(stage_sums.items())
+            for labels, total in sorted(
+                stage_sums.items(), key=lambda item: order.get(dict(item[0])["stage"], len(order))
+            )
         )
         console.print(f"mean time per trace in each stage: {means}")
     up = metrics.get("kp_embedder_up", {}).get((), 0)
