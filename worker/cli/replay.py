@@ -79,18 +79,10 @@ async def _bounds(
 ) -> tuple[int, int | None, int | None] | None:
     """(start, end offset, end time) of the partition's range; None when no record of the
     partition is at or after --from-time (nothing to replay there)."""
-    low = await reader.first_offset(scope.topic, partition)
-    start = low
-    if scope.from_offset is not None:
-        start = max(low, scope.from_offset)
-    elif scope.from_time is not None:
-        found = await reader.offset_for_time(
-            scope.topic, partition, cli.epoch_ms(scope.from_time) or 0
-        )
-        if found is None:
-            return None
-        start = max(low, found)
-    return start, scope.to_offset, cli.epoch_ms(scope.to_time)
+    start = await reader.range_start(
+        scope.topic, partition, scope.from_offset, cli.epoch_ms(scope.from_time)
+    )
+    return None if start is None else (start, scope.to_offset, cli.epoch_ms(scope.to_time))
 
 
 async def original_decisions(

@@ -178,15 +178,9 @@ async def rescore_topics(
                 raise ValueError(f"topic {topic!r} has no partitions {missing}")
             widest = max(widest, len(available))
             for partition in scope.partitions or available:
-                start = await reader.first_offset(topic, partition)
-                if scope.from_offset is not None:
-                    start = max(start, scope.from_offset)
-                elif from_ms is not None:
-                    found = await reader.offset_for_time(topic, partition, from_ms)
-                    if found is None:
-                        continue  # nothing at or after the start time
-                    start = max(start, found)
-                plan.append((topic, partition, start, scope.to_offset))
+                start = await reader.range_start(topic, partition, scope.from_offset, from_ms)
+                if start is not None:  # None: nothing at or after the start time
+                    plan.append((topic, partition, start, scope.to_offset))
         if output_prefix is not None:
             topics = prefixed_topics(output_prefix)
             live = {*output_topics(settings).values(), settings.input_topic, *scope.topics}

@@ -255,6 +255,20 @@ class PartitionLogReader:
 
         return await asyncio.wait_for(ask(), timeout)
 
+    async def range_start(
+        self, topic: str, partition: int, from_offset: int | None, from_time_ms: int | None
+    ) -> int | None:
+        """Where a range of the partition starts: its first offset, or ``from_offset`` if
+        later, or its first record at or after ``from_time_ms``; None when no record is at or
+        after that time (nothing of the partition is in the range)."""
+        start = await self.first_offset(topic, partition)
+        if from_offset is not None:
+            return max(start, from_offset)
+        if from_time_ms is not None:
+            found = await self.offset_for_time(topic, partition, from_time_ms)
+            return None if found is None else max(start, found)
+        return start
+
     async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """First offset whose timestamp is >= timestamp_ms, or None if there is none.
 
