@@ -67,8 +67,7 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
         )
     actual_sha256 = verified_sha256(model_path, expected_sha256)
     tokenizer, pad_id = load_tokenizer(Path(config.tokenizer_path), config.max_tokens)
-    graph = streamlined_model(model_path)
-    model = _open_model(model_path, graph, SessionFactory(config.threads, config.providers))
+    model = _open_model(model_path, SessionFactory(config.threads, config.providers))
     encoder = Encoder(tokenizer, pad_id, config.max_tokens, [i.name for i in model.get_inputs()])
     embedder = OnnxEmbedder(
         model=model,
@@ -102,12 +101,11 @@ def _smoke_test(embedder: OnnxEmbedder, model_path: Path, max_tokens: int) -> No
         )
 
 
-def _open_model(
-    model_path: Path, graph: str | bytes, sessions: SessionFactory
-) -> ort.InferenceSession:
-    """The model in a session of ``sessions``, with the inputs the encoder feeds."""
+def _open_model(model_path: Path, sessions: SessionFactory) -> ort.InferenceSession:
+    """The model, streamlined, in a session of ``sessions``, with the inputs the encoder
+    feeds."""
     try:
-        session = sessions.open(graph)
+        session = sessions.open(streamlined_model(model_path))
     except Exception as exc:
         raise EmbedderUnavailable(
             f"model {model_path} cannot be loaded by onnxruntime: {one_line(exc)}"
