@@ -9,7 +9,7 @@ in any batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -53,13 +53,8 @@ class Encoder:
         cut = self.char_cut
         return self._encode_fast([text[:cut] for text in texts])
 
-    def embed_batch(
-        self,
-        encodings: list[Encoding],
-        lengths: IntArray,
-        run_model: Callable[[Feeds], FloatArray],
-    ) -> FloatArray:
-        """Run one padded batch through `run_model`, then mean-pool and normalise."""
+    def feeds(self, encodings: list[Encoding], lengths: IntArray) -> Feeds:
+        """The model's inputs for one batch, padded only to its own longest text."""
         width = int(lengths.max())
         input_ids = np.full((len(encodings), width), self.pad_id, dtype=np.int64)
         for row, encoding in enumerate(encodings):
@@ -68,7 +63,7 @@ class Encoder:
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
         if self._feeds_token_types:
             feeds["token_type_ids"] = np.zeros_like(input_ids)
-        return mean_pool_normalise(run_model(feeds), attention_mask, lengths)
+        return feeds
 
 
 def load_tokenizer(path: Path, max_tokens: int) -> tuple[Tokenizer, int]:

@@ -85,11 +85,8 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
 
 def _smoke_test(embedder: OnnxEmbedder, model_path: Path, max_tokens: int) -> None:
     """Fail at load, not mid-stream, when the model cannot embed a full-length text."""
-    encoding = embedder.encoder.tokenizer.encode("x " * max_tokens)
     try:
-        vectors = embedder.encoder.embed_batch(
-            [encoding], np.array([len(encoding)], dtype=np.int64), embedder.run_model
-        )
+        vectors = embedder.embed(["x " * max_tokens])
     except Exception as exc:
         raise EmbedderUnavailable(
             f"model {model_path} failed on a {max_tokens}-token input: {one_line(exc)}"

@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Encoding
 
-from worker.embedding.encoder import Encoder, Feeds, IntArray
+from worker.embedding.encoder import Encoder, IntArray, mean_pool_normalise
 from worker.embedding.protocol import DIMENSIONS, FloatArray, RunTiming
 from worker.embedding.session import output_name
 
@@ -126,9 +126,6 @@ class OnnxEmbedder:
 
     def _embed_batch(self, encodings: list[Encoding], lengths: IntArray) -> FloatArray:
         """One padded batch through the model, mean-pooled and normalised."""
-        return self.encoder.embed_batch(encodings, lengths, self.run_model)
-
-    def run_model(self, feeds: Feeds) -> FloatArray:
-        """The model's hidden states for one padded batch."""
+        feeds = self.encoder.feeds(encodings, lengths)
         (hidden,) = self.model.run([self._output_name], feeds)
-        return hidden
+        return mean_pool_normalise(hidden, feeds["attention_mask"], lengths)

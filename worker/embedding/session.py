@@ -41,22 +41,11 @@ class SessionFactory:
         options.log_severity_level = 3  # errors only: optimiser notices are noise in worker logs
         return options
 
-    def open(
-        self,
-        model: str | bytes,
-        *,
-        optimised_to: Path | None = None,
-        optimise: bool = True,
-    ) -> ort.InferenceSession:
-        """A session of ``model`` (a path or its bytes). ``optimised_to`` keeps the graph
-        onnxruntime optimised; ``optimise=False`` runs a graph already optimised as it is
-        (optimising it again could fuse differently)."""
-        options = self.options()
-        if optimised_to is not None:
-            options.optimized_model_filepath = str(optimised_to)
-        if not optimise:
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        return ort.InferenceSession(model, sess_options=options, providers=list(self.providers))
+    def open(self, model: str | bytes) -> ort.InferenceSession:
+        """A session of ``model`` (a path or its bytes)."""
+        return ort.InferenceSession(
+            model, sess_options=self.options(), providers=list(self.providers)
+        )
 
 
 @functools.cache
@@ -80,7 +69,7 @@ def streamlined_model(model_path: Path) -> str | bytes:
     bytes), or its path when none applies or the file cannot be read here (onnxruntime then
     loads it as it is, or says why it cannot)."""
     try:
-        import onnx
+        import onnx  # here, not at the top: 46 ms that commands without a model need not pay
 
         model = onnx.load(str(model_path))
         if not streamline(model).changed:
