@@ -23,11 +23,9 @@ The ``smooth-*`` recipe first moves the activations' outlier channels into the w
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +34,7 @@ import numpy as np
 
 from worker.embedding.build import QuantizeError
 from worker.embedding.build.smooth import calibrate_absmax, smooth
-from worker.embedding.session import SessionFactory
+from worker.embedding.streamline import GraphIndex, attribute, drop_unused
 from worker.logs import one_line
 
 if TYPE_CHECKING:
@@ -99,11 +97,8 @@ RECIPES: dict[str, Recipe] = {
 DEFAULT_RECIPE = "dynamic-per-channel"
 
 
-def derive_bytes(source: Path, recipe: Recipe, *, tokenizer_path: Path | None = None) -> bytes:
-    """The serialised derived model: fold the weights, smooth, then quantize.
-
-    `tokenizer_path` (default: the packaged tokenizer) is read only by calibrated recipes.
-    """
+def derive_bytes(source: Path, recipe: Recipe) -> bytes:
+    """The serialised derived model: fold the weights, smooth, then quantize."""
     onnx = _import_onnx()
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -121,27 +116,28 @@ def derive_bytes(source: Path, recipe: Recipe, *, tokenizer_path: Path | None = 
         raise QuantizeError(f"recipe {recipe.name} keeps every MatMul in fp32")
     if recipe.smooth_alpha is not None:
         quantized = {name for name, _, _ in matmuls} - set(excluded)
-        tokenizer = Path(tokenizer_path or _default_tokenizer_path())
-        absmax = calibrate_absmax(model, quantized, tokenizer)
+        absmax = calibrate_absmax(model, quantized)
         smooth(model, quantized, absmax, recipe.smooth_alpha)
     with tempfile.TemporaryDirectory(prefix="kp-int8-") as scratch:
         out = Path(scratch) / "model.onnx"
+        logging.getLogger().addFilter(_not_a_quantizer_notice)
         try:
-            with _quiet_quantizer():
-                quantize_dynamic(
-                    model,
-                    out,
-                    op_types_to_quantize=["MatMul"],
-                    per_channel=True,
-                    reduce_range=False,
-                    weight_type=QuantType.QUInt8 if recipe.weights == "uint8" else QuantType.QInt8,
-                    nodes_to_exclude=excluded,
-                    extra_options={"WeightSymmetric": True},
-                )
+            quantize_dynamic(
+                model,
+                out,
+                op_types_to_quantize=["MatMul"],
+                per_channel=True,
+                reduce_range=False,
+                weight_type=QuantType.QUInt8 if recipe.weights == "uint8" else QuantType.QInt8,
+                nodes_to_exclude=excluded,
+                extra_options={"WeightSymmetric": True},
+            )
         except Exception as exc:
             raise QuantizeError(
                 f"quantizing {source} with recipe {recipe.name} failed: {one_line(exc)}"
             ) from None
+        finally:
+            logging.getLogger().removeFilter(_not_a_quantizer_notice)
         return out.read_bytes()
 
 
@@ -157,14 +153,11 @@ def fold_weight_dequantization(model: onnx.ModelProto) -> int:
     from onnx import numpy_helper
 
     graph = model.graph
-    inits = {init.name: init for init in graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    view = GraphIndex(graph)
+    inits = view.initializers
 
     def feeds_only_matmul_weights(name: str) -> bool:
-        users = consumers.get(name, [])
+        users = view.consumers.get(name, [])
         return bool(users) and all(u.op_type == "MatMul" and u.input[1] == name for u in users)
 
     def array(name: str) -> np.ndarray:
@@ -181,14 +174,14 @@ def fold_weight_dequantization(model: onnx.ModelProto) -> int:
                 node.output[0]
             ):
                 continue
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            axis = attribute(node, "axis", 1)
             values = array(source).astype(np.float32)
             if len(node.input) > 2 and node.input[2]:
                 values = values - _along(array(node.input[2]).astype(np.float32), axis, values)
             folded[node.output[0]] = values * _along(array(node.input[1]), axis, values)
             dropped.add(id(node))
-        elif node.op_type == "Cast" and _cast_to(node) == onnx.TensorProto.FLOAT:
-            users = consumers.get(node.output[0], [])
+        elif node.op_type == "Cast" and attribute(node, "to") == onnx.TensorProto.FLOAT:
+            users = view.consumers.get(node.output[0], [])
             if len(users) != 1 or users[0].op_type != "Mul":
                 continue
             mul = users[0]
@@ -202,13 +195,10 @@ def fold_weight_dequantization(model: onnx.ModelProto) -> int:
     kept_nodes = [node for node in graph.node if id(node) not in dropped]
     del graph.node[:]
     graph.node.extend(kept_nodes)
-    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
-    kept_inits = [init for init in graph.initializer if init.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept_inits)
     graph.initializer.extend(
         numpy_helper.from_array(values.astype(np.float32), name) for name, values in folded.items()
     )
+    drop_unused(graph)
     return len(folded)
 
 
@@ -240,16 +230,6 @@ def weight_matmuls(model: onnx.ModelProto) -> list[tuple[str, int, str]]:
     return found
 
 
-def check_loads(data: bytes, source: Path) -> None:
-    """Refuse to write a model onnxruntime cannot open: it would fail every worker's start."""
-    try:
-        SessionFactory().open(data)
-    except Exception as exc:
-        raise QuantizeError(
-            f"the int8 model derived from {source} does not load: {one_line(exc)}"
-        ) from None
-
-
 # -- helpers -----------------------------------------------------------------------------------
 
 
@@ -263,16 +243,6 @@ def _import_onnx() -> Any:
     return onnx
 
 
-def _default_tokenizer_path() -> Path:
-    from worker.settings import DEFAULT_TOKENIZER_PATH
-
-    return DEFAULT_TOKENIZER_PATH
-
-
-def _cast_to(node: onnx.NodeProto) -> int | None:
-    return next((a.i for a in node.attribute if a.name == "to"), None)
-
-
 def _along(values: np.ndarray, axis: int, like: np.ndarray) -> np.ndarray:
     """A per-axis (1-D) quantization parameter shaped to broadcast along `axis` of `like`."""
     if values.ndim != 1 or like.ndim < 2:
@@ -282,20 +252,7 @@ def _along(values: np.ndarray, axis: int, like: np.ndarray) -> np.ndarray:
     return values.reshape(shape)
 
 
-class _DropQuantizerNotices(logging.Filter):
+def _not_a_quantizer_notice(record: logging.LogRecord) -> bool:
     """quantize_dynamic warns on the root logger that pre-processing was not run; it is not
     wanted here (it would rewrite the graph) and the notice is noise in worker logs."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "onnxruntime" not in record.pathname or record.levelno >= logging.ERROR
-
-
-@contextlib.contextmanager
-def _quiet_quantizer() -> Iterator[None]:
-    root = logging.getLogger()
-    notice_filter = _DropQuantizerNotices()
-    root.addFilter(notice_filter)
-    try:
-        yield
-    finally:
-        root.removeFilter(notice_filter)
+    return "onnxruntime" not in record.pathname or record.levelno >= logging.ERROR

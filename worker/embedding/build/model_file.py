@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import onnx
 import onnxruntime as ort
 
 from worker.embedding.build import QuantizeError
-from worker.embedding.build.int8 import RECIPE_VERSION, RECIPES, check_loads, derive_bytes
+from worker.embedding.build.int8 import RECIPE_VERSION, RECIPES, derive_bytes
 from worker.embedding.files import (
     INT8,
     SIDECAR_FORMAT,
@@ -25,6 +26,7 @@ from worker.embedding.files import (
     packaged_model,
     sidecar_path,
 )
+from worker.embedding.session import SessionFactory, streamlined_model
 from worker.logs import one_line
 from worker.settings import DEFAULT_TOKENIZER_PATH
 
@@ -43,7 +45,6 @@ def build_model(
     *,
     recipe: str | None = None,
     source: Path | None = None,
-    tokenizer_path: Path | None = None,
 ) -> BuiltModel:
     """Write the model of ``source`` (default: the packaged model) to ``output``: its int8
     engine by ``recipe``, or without one the streamlined model (the exact rewrites the worker
@@ -59,11 +60,13 @@ def build_model(
         if spec is None:
             raise QuantizeError(f"unknown int8 recipe {recipe!r}; known: {', '.join(RECIPES)}")
     source, source_id, source_sha256 = _checked_source(source)
-    if spec is None:
-        data = _streamlined_bytes(source)
-    else:
-        data = derive_bytes(source, spec, tokenizer_path=tokenizer_path)
-        check_loads(data, source)
+    data = _streamlined_bytes(source) if spec is None else derive_bytes(source, spec)
+    try:  # a model onnxruntime cannot open would fail every worker's start
+        SessionFactory().open(data)
+    except Exception as exc:
+        raise QuantizeError(
+            f"the model built from {source} does not load: {one_line(exc)}"
+        ) from None
     record: dict[str, Any] = {
         "format": SIDECAR_FORMAT,
         "model_id": source_id if spec is None else f"{source_id}+{spec.name}",
@@ -73,12 +76,11 @@ def build_model(
         "source_model_id": source_id,
         "source_sha256": source_sha256,
         "onnxruntime": ort.__version__,
-        "onnx": _onnx_version(),
+        "onnx": onnx.__version__,
         "sha256": hashlib.sha256(data).hexdigest(),
     }
     if spec is not None and spec.calibrated:
-        tokenizer = Path(tokenizer_path or DEFAULT_TOKENIZER_PATH)
-        record["tokenizer_sha256"] = file_sha256(tokenizer, "tokenizer", QuantizeError)
+        record["tokenizer_sha256"] = file_sha256(DEFAULT_TOKENIZER_PATH, "tokenizer", QuantizeError)
     output = Path(output)
     sidecar = sidecar_path(output)
     _write(output, data)  # the model first: a new sidecar never names a partial file
@@ -105,15 +107,11 @@ def _checked_source(source: Path | None) -> tuple[Path, str, str]:
 
 def _streamlined_bytes(source: Path) -> bytes:
     """The model with :mod:`worker.embedding.streamline`'s exact rewrites applied."""
-    from worker.embedding.session import streamlined_model
-
     model = streamlined_model(source)
     try:
-        data = model if isinstance(model, bytes) else Path(model).read_bytes()
+        return model if isinstance(model, bytes) else Path(model).read_bytes()
     except OSError as exc:
         raise QuantizeError(f"source model {source} cannot be read: {exc}") from None
-    check_loads(data, source)
-    return data
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -123,11 +121,3 @@ def _write(path: Path, data: bytes) -> None:
         path.write_bytes(data)
     except OSError as exc:
         raise QuantizeError(f"cannot write {path}: {one_line(exc)}") from None
-
-
-def _onnx_version() -> str | None:
-    try:
-        import onnx
-    except ImportError:
-        return None
-    return str(onnx.__version__)

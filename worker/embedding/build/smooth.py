@@ -11,15 +11,17 @@ limit often enough to cost most of the fidelity gained.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from worker.embedding.build import QuantizeError
+from worker.embedding.encoder import Encoder, load_tokenizer
+from worker.embedding.protocol import EmbedderUnavailable
 from worker.embedding.session import SessionFactory
 from worker.logs import one_line
+from worker.settings import DEFAULT_TOKENIZER_PATH
 
 if TYPE_CHECKING:
     import onnx
@@ -54,25 +56,21 @@ CALIBRATION_TEXTS: tuple[str, ...] = (
     "Migrate the nightly batch job from cron to the workflow scheduler with retries.",
     "Why does the sum of the column return NULL when one of the rows has no discount?",
 )
+CALIBRATION_TOKENS = 256  # the worker's default KP_EMBED_MAX_TOKENS
 
 
 def calibrate_absmax(
-    model: onnx.ModelProto, matmul_names: set[str], tokenizer_path: Path
+    model: onnx.ModelProto, matmul_names: set[str]
 ) -> dict[str, npt.NDArray[np.float32]]:
     """Per-channel max |activation| at the inputs of the named MatMuls, over the built-in
-    calibration sentences, run one at a time (the worker's batch size) on one thread."""
+    calibration sentences with the packaged tokenizer, run one at a time (the worker's batch
+    size) on one thread."""
     import onnx
 
     try:
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    except Exception as exc:
-        raise QuantizeError(
-            f"tokenizer {tokenizer_path} cannot be read for calibration: {one_line(exc)}"
-        ) from None
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=256)
+        tokenizer, pad_id = load_tokenizer(DEFAULT_TOKENIZER_PATH, CALIBRATION_TOKENS)
+    except EmbedderUnavailable as exc:
+        raise QuantizeError(f"{exc} (calibration reads it)") from None
     inputs = list(dict.fromkeys(n.input[0] for n in model.graph.node if n.name in matmul_names))
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
@@ -84,13 +82,11 @@ def calibrate_absmax(
         session = SessionFactory(intra_op_threads=1).open(probe.SerializeToString())
     except Exception as exc:
         raise QuantizeError(f"calibration model does not load: {one_line(exc)}") from None
-    feeds_token_types = "token_type_ids" in {i.name for i in session.get_inputs()}
+    encoder = Encoder(tokenizer, pad_id, CALIBRATION_TOKENS, [i.name for i in session.get_inputs()])
     absmax: dict[str, npt.NDArray[np.float32]] = {}
     for text in CALIBRATION_TEXTS:
-        ids = np.array([tokenizer.encode(text).ids], dtype=np.int64)
-        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-        if feeds_token_types:
-            feeds["token_type_ids"] = np.zeros_like(ids)
+        encodings = encoder.encode([text])
+        feeds = encoder.feeds(encodings, np.array([len(encodings[0])], dtype=np.int64))
         for name, value in zip(inputs, session.run(inputs, feeds), strict=True):
             channel_max = np.abs(value.reshape(-1, value.shape[-1])).max(axis=0)
             absmax[name] = np.maximum(absmax.get(name, channel_max), channel_max)
