@@ -15,7 +15,6 @@ import atexit
 import contextlib
 import itertools
 import os
-import signal
 import socket
 import struct
 import subprocess
@@ -24,8 +23,9 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
-from worker.dev.process import free_loopback_port
+from worker.dev.process import free_loopback_port, terminate
 from worker.retry import backoff
 
 __all__ = [
@@ -283,19 +283,9 @@ class EmbeddedBroker:
         return f"{reason}. Broker log:\n{log_tail.strip() or '(empty)'}"
 
     def _stop_process(self, timeout: float) -> None:
-        process = self._process
-        if process is None:
-            return
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                process.wait()
-        self._process = None
+        if self._process is not None:
+            terminate(self._process, timeout)
+            self._process = None
 
     def _remove_owned_log(self) -> None:
         if self._log_path_given is None and self._log_path is not None:
@@ -352,13 +342,15 @@ def api_versions(host: str, port: int, timeout: float) -> int:
     payload = (
         struct.pack(">hhih", _API_VERSIONS_KEY, 0, correlation_id, len(_CLIENT_ID)) + _CLIENT_ID
     )
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.settimeout(timeout)
+    with (
+        socket.create_connection((host, port), timeout=timeout) as sock,
+        sock.makefile("rb") as reply,
+    ):
         sock.sendall(struct.pack(">i", len(payload)) + payload)
-        (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
+        (size,) = struct.unpack(">i", _read_exactly(reply, 4))
         if not 6 <= size <= _MAX_RESPONSE_BYTES:
             raise _NotKafkaError(f"answered with a {size}-byte frame; not a Kafka broker?")
-        answered_id, error_code = struct.unpack(">ih", _recv_exactly(sock, 6))
+        answered_id, error_code = struct.unpack(">ih", _read_exactly(reply, 6))
         if answered_id != correlation_id:
             raise _NotKafkaError("answered with the wrong correlation id; not a Kafka broker?")
         return int(error_code)
@@ -368,14 +360,11 @@ class _NotKafkaError(OSError):
     """Something answered on the port, but not in the Kafka protocol."""
 
 
-def _recv_exactly(sock: socket.socket, count: int) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < count:
-        chunk = sock.recv(count - len(chunks))
-        if not chunk:
-            raise ConnectionResetError("connection closed before a complete Kafka response")
-        chunks += chunk
-    return bytes(chunks)
+def _read_exactly(reply: BinaryIO, count: int) -> bytes:
+    data = reply.read(count)
+    if len(data) < count:
+        raise ConnectionResetError("connection closed before a complete Kafka response")
+    return data
 
 
 def _describe_os_error(exc: OSError) -> str:

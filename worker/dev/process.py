@@ -4,7 +4,6 @@ start their workers here, with the same settings and the same log handling."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +26,17 @@ def free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def terminate(process: subprocess.Popen[bytes], timeout: float) -> int:
+    """SIGTERM, then SIGKILL when it has not exited within ``timeout`` seconds; its exit
+    status. A process that has already exited is only reaped."""
+    process.terminate()
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
 
 
 class WorkerProcess:
@@ -101,26 +111,19 @@ class WorkerProcess:
         return self
 
     def signal(self, signum: int) -> None:
-        if self.alive():
-            assert self.process is not None
+        """Send ``signum`` (Popen sends nothing to a process that has exited)."""
+        if self.process is not None:
             self.process.send_signal(signum)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no final commit."""
-        self.signal(signal.SIGKILL)
         if self.process is not None:
+            self.process.kill()
             self.process.wait(10)
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM, then SIGKILL if it does not exit in time."""
-        if self.process is None:
-            return None
-        self.signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.process.returncode
+        return None if self.process is None else terminate(self.process, timeout)
 
     def __enter__(self) -> WorkerProcess:
         return self.start()

@@ -13,7 +13,6 @@ from tokenizers import Encoding
 
 from worker.embedding.encoder import Encoder, IntArray, mean_pool_normalise
 from worker.embedding.protocol import DIMENSIONS, FloatArray, RunTiming
-from worker.embedding.session import output_name
 
 
 class OnnxEmbedder:
@@ -53,7 +52,9 @@ class OnnxEmbedder:
         self._pool_lock = threading.Lock()
         self.model = model
         self.encoder = encoder
-        self._output_name = output_name([o.name for o in model.get_outputs()])
+        # The hidden states: ``last_hidden_state``, else the model's first output.
+        outputs = [o.name for o in model.get_outputs()]
+        self._output_name = "last_hidden_state" if "last_hidden_state" in outputs else outputs[0]
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
         """Unit vectors [len(texts), 384] float32, in the order given.

@@ -7,7 +7,6 @@ through :class:`SessionFactory`, so every run meets the same options.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import onnxruntime as ort
 from worker.embedding.config import CPU_PROVIDERS
 from worker.embedding.streamline import streamline
 
-OUTPUT_NAME = "last_hidden_state"
 _ARENA_GROW_AS_REQUESTED = 1  # onnxruntime's kSameAsRequested (0 is kNextPowerOfTwo)
 
 
@@ -77,8 +75,3 @@ def streamlined_model(model_path: Path) -> str | bytes:
         return model.SerializeToString()
     except Exception:  # unreadable, or too large to serialize: the model as it is is exact too
         return str(model_path)
-
-
-def output_name(outputs: Sequence[str]) -> str:
-    """The hidden states' output: ``last_hidden_state``, else the model's first output."""
-    return OUTPUT_NAME if OUTPUT_NAME in outputs else outputs[0]

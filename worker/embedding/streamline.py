@@ -20,7 +20,6 @@ exporter) is left as it is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -111,7 +110,10 @@ def _remove_softmax_nan_guards(graph: onnx.GraphProto) -> int:
             and float(zero.reshape(())) == 0.0
         ):
             replaced[node.output[0]] = probabilities
-    _rename_inputs(graph.node, replaced)
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            if name in replaced:
+                node.input[index] = replaced[name]
     return len(replaced)
 
 
@@ -184,13 +186,6 @@ def attribute(node: onnx.NodeProto, name: str, default: int = 0) -> int:
     """An integer attribute of ``node``, or ``default`` when the node does not set it (0 for
     a Cast's ``to`` is UNDEFINED, no type)."""
     return next((a.i for a in node.attribute if a.name == name), default)
-
-
-def _rename_inputs(nodes: Iterable[onnx.NodeProto], replaced: dict[str, str]) -> None:
-    for node in nodes:
-        for index, name in enumerate(node.input):
-            if name in replaced:
-                node.input[index] = replaced[name]
 
 
 def drop_unused(graph: onnx.GraphProto) -> None:

@@ -165,7 +165,7 @@ def test_folding_the_weights_changes_no_output() -> None:
     """The pre-pass computes the fp32 weights exactly as onnxruntime does at load."""
     model = onnx.load(str(SOURCE))
     assert fold_weight_dequantization(model) == 36
-    roles = [role for _, _, role in weight_matmuls(model)]
+    roles = [role for _, role in weight_matmuls(model)]
     assert roles == ["qkv", "qkv", "qkv", "attn_out", "ffn_up", "ffn_down"] * 6
     ids = np.array([[101, 7592, 2088, 2003, 1037, 3231, 1012, 102]], dtype=np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}

@@ -42,22 +42,16 @@ if TYPE_CHECKING:
 
 # Bump when the derivation changes in a way that changes the bytes for the same inputs.
 RECIPE_VERSION = 1
-ROLES = ("qkv", "attn_out", "ffn_up", "ffn_down")
 
 
 @dataclass(frozen=True, slots=True)
 class Recipe:
-    """Which weight MatMuls are quantized: all of them except the ones kept in fp32.
-
-    ``keep_roles`` keeps a role in every layer, ``keep_layers`` keeps whole layers (negative
-    counts from the last), ``keep`` keeps single (layer, role) pairs.
-    """
+    """Which weight MatMuls are quantized: all of them but those whose role (in every layer)
+    ``keep_roles`` keeps in fp32."""
 
     name: str
     summary: str
     keep_roles: frozenset[str] = frozenset()
-    keep_layers: frozenset[int] = frozenset()
-    keep: frozenset[tuple[int, str]] = frozenset()
     # SmoothQuant migration strength (0..1) for the quantized MatMuls; None: no smoothing.
     smooth_alpha: float | None = None
     # "uint8" runs the saturation-free uint8 x uint8 kernel; "int8" the faster uint8 x int8.
@@ -66,14 +60,6 @@ class Recipe:
     @property
     def calibrated(self) -> bool:
         return self.smooth_alpha is not None
-
-    def keeps_fp32(self, layer: int, role: str, layers: int) -> bool:
-        return (
-            role in self.keep_roles
-            or layer in self.keep_layers
-            or layer - layers in self.keep_layers
-            or (layer, role) in self.keep
-        )
 
 
 # The fastest and the most faithful recipe of the fidelity table (bench/RESULTS.md, "int8
@@ -110,12 +96,11 @@ def derive_bytes(source: Path, recipe: Recipe) -> bytes:
     matmuls = weight_matmuls(model)
     if not matmuls:
         raise QuantizeError(f"source model {source} has no MatMul with constant weights")
-    layers = 1 + max(layer for _, layer, _ in matmuls)
-    excluded = [name for name, layer, role in matmuls if recipe.keeps_fp32(layer, role, layers)]
+    excluded = [name for name, role in matmuls if role in recipe.keep_roles]
     if len(excluded) == len(matmuls):
         raise QuantizeError(f"recipe {recipe.name} keeps every MatMul in fp32")
     if recipe.smooth_alpha is not None:
-        quantized = {name for name, _, _ in matmuls} - set(excluded)
+        quantized = {name for name, _ in matmuls} - set(excluded)
         absmax = calibrate_absmax(model, quantized)
         smooth(model, quantized, absmax, recipe.smooth_alpha)
     with tempfile.TemporaryDirectory(prefix="kp-int8-") as scratch:
@@ -202,11 +187,11 @@ def fold_weight_dequantization(model: onnx.ModelProto) -> int:
     return len(folded)
 
 
-def weight_matmuls(model: onnx.ModelProto) -> list[tuple[str, int, str]]:
-    """(node name, layer, role) of each MatMul with a constant 2-D weight, in graph order.
+def weight_matmuls(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(node name, role) of each MatMul with a constant 2-D weight, in graph order.
 
     Roles of a BERT block: ``qkv`` (three MatMuls sharing one input), ``attn_out`` (the other
-    square one), ``ffn_up`` (widening) and ``ffn_down`` (narrowing, which ends a layer).
+    square one), ``ffn_up`` (widening) and ``ffn_down`` (narrowing).
     """
     shapes = {init.name: tuple(init.dims) for init in model.graph.initializer}
     nodes = [
@@ -215,7 +200,6 @@ def weight_matmuls(model: onnx.ModelProto) -> list[tuple[str, int, str]]:
         if node.op_type == "MatMul" and len(shapes.get(node.input[1], ())) == 2
     ]
     sharing = Counter(node.input[0] for node in nodes)
-    layer = 0
     found = []
     for node in nodes:
         rows, cols = shapes[node.input[1]]
@@ -225,8 +209,7 @@ def weight_matmuls(model: onnx.ModelProto) -> list[tuple[str, int, str]]:
             role = "ffn_up"
         else:
             role = "qkv" if sharing[node.input[0]] > 1 else "attn_out"
-        found.append((node.name, layer, role))
-        layer += role == "ffn_down"
+        found.append((node.name, role))
     return found
 
 
