@@ -56,7 +56,7 @@ def streamline(model: onnx.ModelProto) -> Streamlined:
     guards = _remove_softmax_nan_guards(model.graph)
     tables = _gather_before_dequantizing(model.graph)
     if guards or tables:
-        drop_unused(model.graph)
+        _drop_unused(model.graph)
     return Streamlined(guards, tables)
 
 
@@ -152,7 +152,7 @@ def _gathered_first(view: GraphIndex, gather: onnx.NodeProto) -> tuple[str, str,
     is dequantized only for this lookup; None otherwise."""
     import onnx
 
-    axis = attribute(gather, "axis")
+    axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
     table = gather.input[0]
     mul = view.made_by(table, "Mul")
     if axis != 0 or mul is None or table in view.outputs or len(view.consumers.get(table, [])) != 1:
@@ -162,7 +162,7 @@ def _gathered_first(view: GraphIndex, gather: onnx.NodeProto) -> tuple[str, str,
         if cast is None or len(view.consumers.get(cast_input, [])) != 1:
             continue
         quantized = view.initializers.get(cast.input[0])
-        to = attribute(cast, "to")
+        to = next((a.i for a in cast.attribute if a.name == "to"), None)
         scales = view.constant(scale)
         if (
             quantized is None
@@ -182,13 +182,7 @@ def _gathered_first(view: GraphIndex, gather: onnx.NodeProto) -> tuple[str, str,
     return None
 
 
-def attribute(node: onnx.NodeProto, name: str, default: int = 0) -> int:
-    """An integer attribute of ``node``, or ``default`` when the node does not set it (0 for
-    a Cast's ``to`` is UNDEFINED, no type)."""
-    return next((a.i for a in node.attribute if a.name == name), default)
-
-
-def drop_unused(graph: onnx.GraphProto) -> None:
+def _drop_unused(graph: onnx.GraphProto) -> None:
     """Remove nodes whose outputs nothing reads, then initializers nothing reads."""
     wanted = {out.name for out in graph.output}
     kept: list[onnx.NodeProto] = []

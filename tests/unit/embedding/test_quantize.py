@@ -24,7 +24,7 @@ from worker.embedding.build.int8 import (
     DEFAULT_RECIPE,
     RECIPES,
     derive_bytes,
-    fold_weight_dequantization,
+    folded,
     weight_matmuls,
 )
 from worker.embedding.build.model_file import BuiltModel, build_model
@@ -161,12 +161,16 @@ def test_recipes_quantize_what_they_say(built: BuiltModel, built_dir: Path) -> N
     assert set(RECIPES) == set(RECIPE_HELP) == {"dynamic-per-channel", "smooth-keep-ffn-down"}
 
 
-def test_folding_the_weights_changes_no_output() -> None:
-    """The pre-pass computes the fp32 weights exactly as onnxruntime does at load."""
-    model = onnx.load(str(SOURCE))
-    assert fold_weight_dequantization(model) == 36
+def test_folding_the_weights_changes_no_output(tmp_path: Path) -> None:
+    """onnxruntime's constant folding computes the fp32 weights exactly as it does at load,
+    and only then are the MatMul weights constants quantize_dynamic can quantize."""
+    assert not weight_matmuls(onnx.load(str(SOURCE)))
+    model = folded(onnx.load(str(SOURCE)), SOURCE, tmp_path / "folded.onnx")
     roles = [role for _, role in weight_matmuls(model)]
     assert roles == ["qkv", "qkv", "qkv", "attn_out", "ffn_up", "ffn_down"] * 6
+    assert {i.data_type for i in model.graph.initializer if len(i.dims) == 2} >= {
+        onnx.TensorProto.INT8
+    }, "the embedding tables stay int8, looked up before they are scaled"
     ids = np.array([[101, 7592, 2088, 2003, 1037, 3231, 1012, 102]], dtype=np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     feeds["token_type_ids"] = np.zeros_like(ids)

@@ -10,12 +10,13 @@ The uint8 scale is taken over the whole input tensor, so a derived model's vecto
 text depends on the other texts in its run and on their padding: the worker loads such a
 model only with one text per run (``KP_EMBED_BATCH_SIZE=1``, the default).
 
-Derivation, deterministic: fold the ``Cast``/``Mul`` (or ``DequantizeLinear``) of each
-constant int8 weight into an fp32 initializer (bit-exact: the same float32 product
-onnxruntime computes), then ``onnxruntime.quantization.quantize_dynamic`` with per-channel
-weights. Per-channel re-quantization of those weights gives back exactly the packaged int8
-values and scales, so the only new error is activation rounding; a recipe chooses which
-MatMuls keep fp32 activations to bound it.
+Derivation, deterministic: the exact rewrites of :mod:`worker.embedding.streamline`, then
+onnxruntime's own constant folding turns the ``Cast``/``Mul`` (or ``DequantizeLinear``) of
+each constant int8 weight into the fp32 initializer it computes at load, then
+``onnxruntime.quantization.quantize_dynamic`` with per-channel weights. Per-channel
+re-quantization of those weights gives back exactly the packaged int8 values and scales, so
+the only new error is activation rounding; a recipe chooses which MatMuls keep fp32
+activations to bound it.
 
 The ``smooth-*`` recipe first moves the activations' outlier channels into the weights
 (:mod:`worker.embedding.build.smooth`).
@@ -30,18 +31,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+import onnxruntime as ort
 
 from worker.embedding.build import QuantizeError
 from worker.embedding.build.smooth import calibrate_absmax, smooth
-from worker.embedding.streamline import GraphIndex, attribute, drop_unused
+from worker.embedding.config import CPU_PROVIDERS
+from worker.embedding.session import SessionFactory
+from worker.embedding.streamline import streamline
 from worker.logs import one_line
 
 if TYPE_CHECKING:
     import onnx
 
 # Bump when the derivation changes in a way that changes the bytes for the same inputs.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,18 +95,18 @@ def derive_bytes(source: Path, recipe: Recipe) -> bytes:
         model = onnx.load(str(source))
     except Exception as exc:
         raise QuantizeError(f"source model {source} cannot be parsed: {one_line(exc)}") from None
-    fold_weight_dequantization(model)
-    matmuls = weight_matmuls(model)
-    if not matmuls:
-        raise QuantizeError(f"source model {source} has no MatMul with constant weights")
-    excluded = [name for name, role in matmuls if role in recipe.keep_roles]
-    if len(excluded) == len(matmuls):
-        raise QuantizeError(f"recipe {recipe.name} keeps every MatMul in fp32")
-    if recipe.smooth_alpha is not None:
-        quantized = {name for name, _ in matmuls} - set(excluded)
-        absmax = calibrate_absmax(model, quantized)
-        smooth(model, quantized, absmax, recipe.smooth_alpha)
     with tempfile.TemporaryDirectory(prefix="kp-int8-") as scratch:
+        model = folded(model, source, Path(scratch) / "folded.onnx")
+        matmuls = weight_matmuls(model)
+        if not matmuls:
+            raise QuantizeError(f"source model {source} has no MatMul with constant weights")
+        excluded = [name for name, role in matmuls if role in recipe.keep_roles]
+        if len(excluded) == len(matmuls):
+            raise QuantizeError(f"recipe {recipe.name} keeps every MatMul in fp32")
+        if recipe.smooth_alpha is not None:
+            quantized = {name for name, _ in matmuls} - set(excluded)
+            absmax = calibrate_absmax(model, quantized)
+            smooth(model, quantized, absmax, recipe.smooth_alpha)
         out = Path(scratch) / "model.onnx"
         logging.getLogger().addFilter(_not_a_quantizer_notice)
         try:
@@ -126,65 +129,25 @@ def derive_bytes(source: Path, recipe: Recipe) -> bytes:
         return out.read_bytes()
 
 
-def fold_weight_dequantization(model: onnx.ModelProto) -> int:
-    """Replace ``Cast(int8 W) * scale`` and ``DequantizeLinear(int8 W, scale[, zp])`` feeding
-    only MatMul weight inputs by the fp32 initializer they compute; returns how many.
-
-    quantize_dynamic only quantizes a MatMul whose weight is an initializer. The product is
-    taken in float32, as onnxruntime takes it, so the folded model computes the same values.
-    Embedding tables (feeding Gather) are left as they are.
-    """
+def folded(model: onnx.ModelProto, source: Path, scratch_file: Path) -> onnx.ModelProto:
+    """``model`` streamlined, then as onnxruntime's basic graph optimisations leave it: each
+    weight computed from constants (``Cast(int8 W) * scale``, ``DequantizeLinear``) becomes the
+    fp32 initializer onnxruntime computes at load, and quantize_dynamic quantizes only a MatMul
+    whose weight is an initializer. Streamlining first keeps the embedding tables int8 (looked
+    up, then scaled) rather than folded to float32. ``scratch_file`` receives the result."""
     import onnx
-    from onnx import numpy_helper
 
-    graph = model.graph
-    view = GraphIndex(graph)
-    inits = view.initializers
-
-    def feeds_only_matmul_weights(name: str) -> bool:
-        users = view.consumers.get(name, [])
-        return bool(users) and all(u.op_type == "MatMul" and u.input[1] == name for u in users)
-
-    def array(name: str) -> np.ndarray:
-        return numpy_helper.to_array(inits[name])
-
-    folded: dict[str, np.ndarray] = {}
-    dropped: set[int] = set()
-    for node in graph.node:
-        source = node.input[0] if node.input else ""
-        if source not in inits or inits[source].data_type != onnx.TensorProto.INT8:
-            continue
-        if node.op_type == "DequantizeLinear":
-            if any(n not in inits for n in node.input[1:]) or not feeds_only_matmul_weights(
-                node.output[0]
-            ):
-                continue
-            axis = attribute(node, "axis", 1)
-            values = array(source).astype(np.float32)
-            if len(node.input) > 2 and node.input[2]:
-                values = values - _along(array(node.input[2]).astype(np.float32), axis, values)
-            folded[node.output[0]] = values * _along(array(node.input[1]), axis, values)
-            dropped.add(id(node))
-        elif node.op_type == "Cast" and attribute(node, "to") == onnx.TensorProto.FLOAT:
-            users = view.consumers.get(node.output[0], [])
-            if len(users) != 1 or users[0].op_type != "Mul":
-                continue
-            mul = users[0]
-            scale = mul.input[1] if mul.input[0] == node.output[0] else mul.input[0]
-            if scale not in inits or not feeds_only_matmul_weights(mul.output[0]):
-                continue
-            folded[mul.output[0]] = array(source).astype(np.float32) * array(scale)
-            dropped.update((id(node), id(mul)))
-    if not folded:
-        return 0
-    kept_nodes = [node for node in graph.node if id(node) not in dropped]
-    del graph.node[:]
-    graph.node.extend(kept_nodes)
-    graph.initializer.extend(
-        numpy_helper.from_array(values.astype(np.float32), name) for name, values in folded.items()
-    )
-    drop_unused(graph)
-    return len(folded)
+    streamline(model)
+    options = SessionFactory().options()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    # Fold DequantizeLinear weights too (by default kept for quantized-operator fusions).
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    options.optimized_model_filepath = str(scratch_file)
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=list(CPU_PROVIDERS))
+    except Exception as exc:
+        raise QuantizeError(f"source model {source} does not load: {one_line(exc)}") from None
+    return onnx.load(str(scratch_file))
 
 
 def weight_matmuls(model: onnx.ModelProto) -> list[tuple[str, str]]:
@@ -224,15 +187,6 @@ def _import_onnx() -> Any:
             "the onnx package is not installed; it is needed to derive the int8 model"
         ) from None
     return onnx
-
-
-def _along(values: np.ndarray, axis: int, like: np.ndarray) -> np.ndarray:
-    """A per-axis (1-D) quantization parameter shaped to broadcast along `axis` of `like`."""
-    if values.ndim != 1 or like.ndim < 2:
-        return values
-    shape = [1] * like.ndim
-    shape[axis] = values.shape[0]
-    return values.reshape(shape)
 
 
 def _not_a_quantizer_notice(record: logging.LogRecord) -> bool:
