@@ -455,8 +455,8 @@ MUTANTS: tuple[Mutant, ...] = (
         name="whole-text-tokenized",
         promise="Tokenizing is bounded: a text is read up to max_tokens x 64 characters",
         path="worker/embedding/encoder.py",
-        old="return self._encode_fast([text[:cut] for text in texts])",
-        new="return self._encode_fast(list(texts))",
+        old="return self.tokenizer.encode_batch_fast([text[:cut] for text in texts])",
+        new="return self.tokenizer.encode_batch_fast(list(texts))",
         tests=(
             "tests/unit/embedding/test_embedder.py::"
             "test_megabyte_text_is_tokenized_from_a_bounded_cut_without_the_lock",
