@@ -18,14 +18,12 @@ import os
 import socket
 import struct
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import BinaryIO
 
-from worker.dev.process import free_loopback_port, terminate
+from worker.dev.process import free_loopback_port, temporary_log, terminate
 from worker.retry import backoff
 
 __all__ = [
@@ -185,12 +183,7 @@ class EmbeddedBroker:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -205,9 +198,7 @@ class EmbeddedBroker:
             self._log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log_path.touch()
         elif self._log_path is None or not self._log_path.exists():
-            fd, name = tempfile.mkstemp(prefix="kp-broker-", suffix=".log")
-            os.close(fd)
-            self._log_path = Path(name)
+            self._log_path = temporary_log("kp-broker-")
 
     def _launch(self, binary: str) -> None:
         assert self._log_path is not None

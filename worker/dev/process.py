@@ -28,6 +28,13 @@ def free_loopback_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def temporary_log(prefix: str) -> Path:
+    """A new empty log file in the temporary directory, for a process's output."""
+    handle, name = tempfile.mkstemp(prefix=prefix, suffix=".log")
+    os.close(handle)
+    return Path(name)
+
+
 def terminate(process: subprocess.Popen[bytes], timeout: float) -> int:
     """SIGTERM, then SIGKILL when it has not exited within ``timeout`` seconds; its exit
     status. A process that has already exited is only reaped."""
@@ -53,11 +60,7 @@ class WorkerProcess:
             "PYTHONUNBUFFERED": "1",
             **env,
         }
-        if log_path is None:
-            handle, name = tempfile.mkstemp(prefix="kp-worker-", suffix=".log")
-            os.close(handle)
-            log_path = Path(name)
-        self.log_path = log_path
+        self.log_path = log_path or temporary_log("kp-worker-")
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
