@@ -280,8 +280,7 @@ class EmbeddedBroker:
 
     def _remove_owned_log(self) -> None:
         if self._log_path_given is None and self._log_path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self._log_path.unlink()
+            self._log_path.unlink(missing_ok=True)
             self._log_path = None
 
 
