@@ -133,14 +133,8 @@ def run_check(settings: Settings) -> tuple[dict[str, Any], list[str]]:
     "versions and results as JSON",
 )
 def check() -> int:
-    import sys
-
-    import orjson
-
-    settings = cli.checked_settings()
-    report, failures = run_check(settings)
-    sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
-    sys.stdout.flush()
+    report, failures = run_check(cli.checked_settings())
+    cli.print_json(report)
     if failures:
         cli.say(f"kp-scorer check: FAILED: {'; '.join(failures)}")
         return cli.EXIT_CHECK_FAILED

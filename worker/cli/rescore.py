@@ -12,8 +12,7 @@ line unchanged (the trace was never scored, and scoring it again writes that sam
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 import orjson
@@ -132,17 +131,10 @@ def dead_letter_kind(record: SourceRecord) -> str | None:
     return None
 
 
-@dataclass(frozen=True, kw_only=True)
-class RescoreRange(cli.TopicRange):
-    """Which recorded outputs to read: topics, partitions and an offset or time range each."""
-
-    topics: Sequence[str]
-
-
 async def rescore_topics(
     settings: Settings,
     rescorer: Rescorer,
-    scope: RescoreRange,
+    scope: cli.TopicRange,
     output_prefix: str | None = None,
     out: IO[bytes] | None = None,
     on_progress: Callable[[int, int | None], None] | None = None,
@@ -166,21 +158,7 @@ async def rescore_topics(
     summary = RescoreSummary() if summary is None else summary
     try:
         await reader.start()
-        plan: list[tuple[str, int, int, int | None]] = []
-        from_ms = cli.epoch_ms(scope.from_time)
-        widest = 1
-        for topic in scope.topics:
-            available = await reader.partitions(topic)
-            if not available:
-                raise ValueError(f"topic {topic!r} does not exist or has no partitions")
-            missing = sorted(set(scope.partitions or ()) - set(available))
-            if missing:
-                raise ValueError(f"topic {topic!r} has no partitions {missing}")
-            widest = max(widest, len(available))
-            for partition in scope.partitions or available:
-                start = await reader.range_start(topic, partition, scope.from_offset, from_ms)
-                if start is not None:  # None: nothing at or after the start time
-                    plan.append((topic, partition, start, scope.to_offset))
+        plan, widest = await scope.plan(reader)
         if output_prefix is not None:
             topics = prefixed_topics(output_prefix)
             live = {*output_topics(settings).values(), settings.input_topic, *scope.topics}
@@ -192,15 +170,12 @@ async def rescore_topics(
             await create_topics(settings, list(topics.values()), widest)
             publisher = Publisher(settings, topics, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
             await publisher.start()
-        total = None
-        if scope.to_offset is not None:
-            total = sum(max(0, scope.to_offset - start) for _, _, start, _ in plan)
+        total = scope.total(plan)
         if on_progress is not None:
             on_progress(0, total)
-        for topic, partition, start, end in plan:
-            async for chunk in reader.iter_range(
-                topic, partition, start, end, cli.epoch_ms(scope.to_time)
-            ):
+        from_ms, end_ms = cli.epoch_ms(scope.from_time), cli.epoch_ms(scope.to_time)
+        for topic, partition, start in plan:
+            async for chunk in reader.iter_range(topic, partition, start, scope.to_offset, end_ms):
                 routed = []
                 lines = []
                 for record in chunk:
@@ -279,14 +254,8 @@ def print_summary(console: Console, summary: RescoreSummary, source: str) -> Non
             domains.caption = f"{len(ranked) - MAX_DOMAIN_ROWS} more domains in --json"
         console.print(domains)
 
-        deltas = Table(title="score change (rescore - recorded)")
-        deltas.add_column("delta")
-        deltas.add_column("records", justify="right")
-        deltas.add_column("")
-        rows = summary.delta_histogram()
-        peak = max(count for *_, count in rows) or 1
-        for label, _, _, count in rows:
-            deltas.add_row(label, str(count), "█" * round(30 * count / peak))
+        rows = [(label, count) for label, _, _, count in summary.delta_histogram()]
+        deltas = cli.bar_table("score change (rescore - recorded)", rows, "delta", "records")
         deltas.caption = f"{summary.identical} of {summary.rescored} scores identical"
         console.print(deltas)
 
