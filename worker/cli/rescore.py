@@ -12,7 +12,7 @@ line unchanged (the trace was never scored, and scoring it again writes that sam
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 import orjson
@@ -42,17 +42,14 @@ def _unrescorable_line(where: dict[str, Any], result: NotRescored) -> bytes:
     return orjson.dumps({**where, "unrescorable": result.to_json()})
 
 
-def rescore_block(
-    rescorer: Rescorer, block: bytes, first_line: int, summary: RescoreSummary
+def rescore_lines(
+    rescorer: Rescorer, lines: list[bytes], first_line: int, summary: RescoreSummary
 ) -> bytes:
-    """Re-score the lines of ``block`` (numbered from ``first_line``) into output lines."""
+    """Re-score ``lines`` (numbered from ``first_line``) into output lines."""
     parts: list[bytes] = []
     rescore = rescorer.rescore
-    lines = block.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
     for index, raw in enumerate(lines, start=first_line):
-        line = raw[:-1] if raw.endswith(b"\r") else raw
+        line = raw.removesuffix(b"\n").removesuffix(b"\r")
         try:
             document = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
@@ -77,21 +74,6 @@ def rescore_block(
     return b"\n".join(parts)
 
 
-def _blocks(stream: IO[bytes], size: int) -> Iterator[bytes]:
-    """The stream in pieces of about ``size`` bytes, each ending at a line end (or EOF)."""
-    rest = b""
-    while chunk := stream.read(size):
-        chunk = rest + chunk if rest else chunk
-        cut = chunk.rfind(b"\n") + 1
-        if cut == 0:
-            rest = chunk
-            continue
-        yield chunk[:cut]
-        rest = chunk[cut:]
-    if rest:
-        yield rest
-
-
 def rescore_stream(
     rescorer: Rescorer,
     stream: IO[bytes],
@@ -107,14 +89,13 @@ def rescore_stream(
     """
     summary = RescoreSummary() if summary is None else summary
     line = 1
-    for block in _blocks(stream, block_bytes):
-        before = summary.records
-        output = rescore_block(rescorer, block, line, summary)
+    while lines := stream.readlines(block_bytes):
+        output = rescore_lines(rescorer, lines, line, summary)
         if out is not None:
             out.write(output)
-        line += summary.records - before
+        line += len(lines)
         if on_progress is not None:
-            on_progress(summary.records - before, len(block))
+            on_progress(len(lines), sum(map(len, lines)))
     if out is not None:
         out.flush()
     return summary

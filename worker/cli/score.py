@@ -10,9 +10,10 @@ optional TTL is ``metadata.created_at`` (a file has no record timestamps); the l
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -138,17 +139,6 @@ def output_line(routed: RoutedRecord) -> bytes:
     return routed.value
 
 
-def _chunks(lines: Iterable[bytes], size: int) -> Iterator[list[tuple[int, bytes]]]:
-    chunk: list[tuple[int, bytes]] = []
-    for index, line in enumerate(lines):
-        chunk.append((index, line.rstrip(b"\r\n")))
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def score_lines(
     scorer: Scorer,
     lines: Iterable[bytes],
@@ -158,7 +148,8 @@ def score_lines(
 ) -> OfflineSummary:
     """Score every line and write one JSON line per input line, in input order."""
     summary = OfflineSummary()
-    for chunk in _chunks(lines, CHUNK_LINES):
+    numbered = enumerate(lines)
+    while chunk := [(index, line.rstrip(b"\r\n")) for index, line in islice(numbered, CHUNK_LINES)]:
         batch = [records.record(index, line) for index, line in chunk]
         for routed in scorer.score_batch(batch).routed:
             out.write(output_line(routed).decode() + "\n")
