@@ -5,12 +5,12 @@ their recorded novelty (no model)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -62,7 +62,7 @@ class Recorded:
         self,
         settings: Settings,
         rescorer: Rescorer,
-        out: BinaryIO | None,
+        out: IO[bytes] | None,
         quiet: bool,
         summary: RescoreSummary | None = None,
         default_topics: Sequence[str] | None = None,
@@ -155,19 +155,14 @@ def rescore(
 
     settings, rescorer = recorded.start(what_if, "human")
     output = output if output is not None else (None if recorded.from_topics else "-")
-    out_stream = None
-    if output == "-":
-        out_stream = sys.stdout.buffer
-    elif output is not None:
-        try:
-            out_stream = Path(output).open("wb")  # noqa: SIM115  (closed below)
-        except OSError as exc:
-            cli.fail(f"cannot write {output}: {exc}")
-    try:
+    with contextlib.ExitStack() as opened:
+        out_stream = None
+        if output is not None:  # "-": stdout, which closing leaves open
+            try:
+                out_stream = opened.enter_context(click.open_file(output, "wb"))
+            except OSError as exc:
+                cli.fail(f"cannot write {output}: {exc}")
         summary, source = recorded.read(settings, rescorer, out_stream, quiet)
-    finally:
-        if out_stream is not None and out_stream is not sys.stdout.buffer:
-            out_stream.close()
     # The summary goes to stdout unless the re-scored records do.
     summary_console = cli.err_console if output == "-" else Console()
     if as_json:
