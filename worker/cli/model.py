@@ -55,8 +55,6 @@ def model() -> None:
 @click.option("-o", "--output", type=cli.FILE_PATH, required=True, metavar="FILE")
 def build(int8: str | None, source: Path | None, output: Path) -> int:
     """Build, then print the sidecar's record on stdout; a failure is one line and exit 1."""
-    import orjson
-
     from worker.embedding.build import QuantizeError
     from worker.embedding.build.model_file import build_model
 
@@ -65,11 +63,9 @@ def build(int8: str | None, source: Path | None, output: Path) -> int:
     except QuantizeError as exc:
         print(f"kp-scorer model build: {exc}", file=sys.stderr)
         return 1
-    sys.stdout.write(orjson.dumps(built.record, option=orjson.OPT_INDENT_2).decode() + "\n")
-    print(
-        f"wrote {built.path} and {built.sidecar}; set KP_MODEL_PATH={built.path}",
-        file=sys.stderr,
-    )
+    cli.print_json(built.record)
+    note = f"wrote {built.path} and {built.sidecar}; set KP_MODEL_PATH={built.path}"
+    print(note, file=sys.stderr)
     return 0
 
 

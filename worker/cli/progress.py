@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from rich import progress as bars
 
@@ -19,11 +20,14 @@ from worker.settings import Settings
 T = TypeVar("T")
 
 
-def _progress(verb: str, *columns: object, quiet: bool) -> bars.Progress:
-    return bars.Progress(
+@contextmanager
+def _bar(verb: str, *columns: Any, quiet: bool, **fields: Any) -> Iterator[bars.Progress]:
+    """A progress bar of one task; cut short (`| head`, Ctrl-C, an error), it is taken off
+    the terminal rather than left there half-drawn above the prompt or the error line."""
+    progress = bars.Progress(
         bars.TextColumn(verb),
         bars.BarColumn(),
-        *columns,  # type: ignore[arg-type]
+        *columns,
         bars.TimeElapsedColumn(),
         bars.TimeRemainingColumn(),
         console=cli.err_console,
@@ -32,6 +36,13 @@ def _progress(verb: str, *columns: object, quiet: bool) -> bars.Progress:
         # live display would otherwise take over on a terminal and print on stderr.
         redirect_stdout=False,
     )
+    with progress:
+        progress.add_task(verb, **fields)
+        try:
+            yield progress
+        except BaseException:
+            progress.live.transient = True
+            raise
 
 
 def read_lines_with_progress(
@@ -39,10 +50,9 @@ def read_lines_with_progress(
     file: str | None,
     quiet: bool,
     run: Callable[[BinaryIO, Callable[[int, int], None]], T],
-) -> tuple[T, str] | None:
+) -> T:
     """Open FILE (or stdin for ``-``) and run over it under a progress bar in bytes and lines;
-    None (after one line on stderr) when the file does not exist."""
-    name = cli.name_of(file)
+    a FILE that does not exist ends the command."""
     if file in (None, "-"):
         stream, total = sys.stdin.buffer, None
         if sys.stdin.isatty():  # a person who forgot the file would otherwise see nothing
@@ -50,34 +60,22 @@ def read_lines_with_progress(
     else:
         path = Path(file)
         if path.is_dir():
-            cli.say(f"kp-scorer: {path} is a directory; give a JSONL file", "red")
-            return None
+            cli.fail(f"{path} is a directory; give a JSONL file")
         if not path.is_file():
-            cli.say(f"kp-scorer: no such file: {path}", "red")
-            return None
+            cli.fail(f"no such file: {path}")
         stream, total = path.open("rb"), path.stat().st_size
     columns = (
         bars.DownloadColumn(),
         bars.TransferSpeedColumn(),
         bars.TextColumn("{task.fields[lines]} lines"),
     )
-    progress = _progress(verb, *columns, quiet=quiet)
-    with stream, progress:
-        task = progress.add_task(verb, total=total, lines=0)
-        lines_done = 0
+    with stream, _bar(verb, *columns, quiet=quiet, total=total, lines=0) as progress:
 
         def advance(lines: int, size: int) -> None:
-            nonlocal lines_done
-            lines_done += lines
-            progress.update(task, advance=size, lines=lines_done)
+            task = progress.tasks[0]
+            progress.update(task.id, advance=size, lines=task.fields["lines"] + lines)
 
-        try:
-            return run(stream, advance), name
-        except BaseException:
-            # Cut short (`| head`, Ctrl-C): take the bar off the terminal, not leave it there
-            # half-drawn above the prompt.
-            progress.live.transient = True
-            raise
+        return run(stream, advance)
 
 
 def with_record_progress(
@@ -85,42 +83,30 @@ def with_record_progress(
     settings: Settings,
     run: Callable[[Callable[[int, int | None], None]], T],
     quiet: bool = False,
-) -> T | int:
+) -> T:
     """Run a long read of topics under a progress bar; a bad range or an unreachable broker
-    ends as one line and an exit code (2 and 1) instead of a traceback."""
+    ends the command with one line and an exit code (2 and 1) instead of a traceback."""
     from aiokafka.errors import KafkaError
 
     columns = (
         bars.TextColumn("{task.completed} records"),
         bars.TextColumn("{task.fields[rate]:.1f}/s"),
     )
-    progress = _progress(verb, *columns, quiet=quiet)
-    started = time.monotonic()
-    failure: tuple[str, int] | None = None
-    with progress:
-        task = progress.add_task(verb, total=None, rate=0.0)
+    started, done = time.monotonic(), 0
+    try:
+        with _bar(verb, *columns, quiet=quiet, total=None, rate=0.0) as progress:
 
-        def advance(count: int, total: int | None) -> None:
-            done = progress.tasks[0].completed + count
-            rate = done / max(time.monotonic() - started, 1e-9)
-            progress.update(task, completed=done, total=total, rate=rate)
+            def advance(count: int, total: int | None) -> None:
+                nonlocal done
+                done += count
+                rate = done / max(time.monotonic() - started, 1e-9)
+                progress.update(progress.task_ids[0], completed=done, total=total, rate=rate)
 
-        try:
             return run(advance)
-        except ValueError as exc:
-            failure = f"kp-scorer: {exc}", 2
-        except (KafkaError, OSError) as exc:
-            failure = (
-                f"kp-scorer: Kafka unreachable at {settings.kafka_bootstrap_servers}: "
-                f"{error_line(exc)}",
-                cli.EXIT_UNREACHABLE,
-            )
-        except KeyboardInterrupt:
-            done = int(progress.tasks[0].completed)
-            failure = f"kp-scorer: interrupted after {done} records", cli.EXIT_INTERRUPTED
-        # The error is the last line, not the bar.
-        progress.live.transient = True
-    assert failure is not None  # every way out of the block above returns or sets it
-    line, code = failure
-    cli.say(line, "red")
-    return code
+    except ValueError as exc:
+        cli.fail(str(exc))
+    except (KafkaError, OSError) as exc:
+        where = settings.kafka_bootstrap_servers
+        cli.fail(f"Kafka unreachable at {where}: {error_line(exc)}", cli.EXIT_UNREACHABLE)
+    except KeyboardInterrupt:
+        cli.fail(f"interrupted after {done} records", cli.EXIT_INTERRUPTED)

@@ -5,12 +5,12 @@ their recorded novelty (no model)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -35,8 +35,8 @@ class Recorded:
 
     def start(
         self, what_if: dict[str, Any], logs: str, need_file: bool = False
-    ) -> tuple[Settings, Rescorer] | int:
-        """The settings and rescorer of a run, or exit code 2 (after one line) when FILE and
+    ) -> tuple[Settings, Rescorer]:
+        """The settings and rescorer of a run; the command ends (exit 2) when FILE and
         --from-topics, or the flags of a topic range without --from-topics, are given together
         (or, ``need_file``, neither: stdin is no default)."""
         from worker.core.rescoring import Rescorer
@@ -52,8 +52,7 @@ class Recorded:
         elif need_file and self.file is None and not self.from_topics:
             problem = "give a FILE of scored outputs or --from-topics"
         if problem is not None:
-            cli.say(f"kp-scorer: {problem}", "red")
-            return 2
+            cli.fail(problem)
         settings = cli.checked_settings(what_if["profiles"], what_if["threshold"], logs, True)
         thresholds = {**settings.domain_thresholds, **dict(what_if["domain_threshold"])}
         profiles = load_profiles(settings.profiles_file)
@@ -63,19 +62,19 @@ class Recorded:
         self,
         settings: Settings,
         rescorer: Rescorer,
-        out: BinaryIO | None,
+        out: IO[bytes] | None,
         quiet: bool,
         summary: RescoreSummary | None = None,
         default_topics: Sequence[str] | None = None,
-    ) -> tuple[RescoreSummary, str] | int | None:
+    ) -> tuple[RescoreSummary, str]:
         """File mode: the JSONL of scored outputs (or stdin), the same lines re-scored to
         ``out``. Topic mode: ranges of the topics (default: the accepted/rejected topics, or
-        ``default_topics``), read without a group; an exit code (as ``replay``'s) when it could
-        not finish."""
-        from worker.cli.rescore import RescoreRange, rescore_stream, rescore_topics
+        ``default_topics``), read without a group. With the name of what was read."""
+        from worker.cli.rescore import rescore_stream, rescore_topics
 
+        quiet = quiet or not cli.err_console.is_terminal
         if not self.from_topics:
-            return progress.read_lines_with_progress(
+            found = progress.read_lines_with_progress(
                 "rescoring",
                 self.file,
                 quiet,
@@ -83,10 +82,11 @@ class Recorded:
                     rescorer, stream, out, advance, summary=summary
                 ),
             )
+            return found, cli.name_of(self.file)
         topics = self.topics or default_topics or (settings.accepted_topic, settings.rejected_topic)
-        scope = RescoreRange(topics=list(topics), **self.scope)
+        scope = cli.TopicRange(topics=list(topics), **self.scope)
         prefix = self.output_prefix
-        result = progress.with_record_progress(
+        found = progress.with_record_progress(
             "rescoring",
             settings,
             lambda advance: asyncio.run(
@@ -94,7 +94,7 @@ class Recorded:
             ),
             quiet=quiet,
         )
-        return result if isinstance(result, int) else (result, ", ".join(topics))
+        return found, ", ".join(topics)
 
 
 def recorded_outputs(topics: str, default_topics: str) -> Callable[[cli.F], cli.F]:
@@ -150,36 +150,19 @@ def rescore(
     recorded: Recorded, output: str | None, as_json: bool, quiet: bool, **what_if: Any
 ) -> int:
     """Re-score recorded outputs with other settings, from their recorded novelty (no model)."""
-    import orjson
-
     from worker.cli.rescore import print_summary
     from worker.core.rescoring import RAW_TRACE
 
-    started = recorded.start(what_if, "human")
-    if isinstance(started, int):
-        return started
-    settings, rescorer = started
+    settings, rescorer = recorded.start(what_if, "human")
     output = output if output is not None else (None if recorded.from_topics else "-")
-    out_stream = None
-    if output == "-":
-        out_stream = sys.stdout.buffer
-    elif output is not None:
-        try:
-            out_stream = Path(output).open("wb")  # noqa: SIM115  (closed below)
-        except OSError as exc:
-            cli.err_console.print(f"[red]kp-scorer: cannot write {output}: {exc}[/red]")
-            return 2
-    quiet = quiet or not cli.err_console.is_terminal
-    try:
-        found = recorded.read(settings, rescorer, out_stream, quiet)
-    finally:
-        if out_stream is not None and out_stream is not sys.stdout.buffer:
-            out_stream.close()
-    if found is None:
-        return 2
-    if isinstance(found, int):  # the broker was unreachable, or Ctrl-C: already said
-        return found
-    summary, source = found
+    with contextlib.ExitStack() as opened:
+        out_stream = None
+        if output is not None:  # "-": stdout, which closing leaves open
+            try:
+                out_stream = opened.enter_context(click.open_file(output, "wb"))
+            except OSError as exc:
+                cli.fail(f"cannot write {output}: {exc}")
+        summary, source = recorded.read(settings, rescorer, out_stream, quiet)
     # The summary goes to stdout unless the re-scored records do.
     summary_console = cli.err_console if output == "-" else Console()
     if as_json:
@@ -192,9 +175,7 @@ def rescore(
             },
             **summary.to_json(),
         }
-        summary_console.file.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
-        summary_console.file.write("\n")
-        summary_console.file.flush()
+        cli.print_json(report, summary_console.file)
     else:
         print_summary(summary_console, summary, source)
     if any(example["detail"] == RAW_TRACE for example in summary.examples):
@@ -229,53 +210,30 @@ def report(
     recorded: Recorded, output: str | None, as_json: bool, quiet: bool, **what_if: Any
 ) -> int:
     """The score report of recorded outputs: an HTML page, or its numbers as JSON."""
-    import orjson
-
+    from worker.cli.report import PlottingUnavailableError, figure_class, render_html
     from worker.core.score_report import ScoreReport
 
-    started = recorded.start(what_if, "json", need_file=True)
-    if isinstance(started, int):
-        return started
-    settings, rescorer = started
+    settings, rescorer = recorded.start(what_if, "json", need_file=True)
     output = output if output is not None else (None if as_json else "report.html")
     if output is not None:
         try:  # a missing extra fails at once, before anything is read
-            from worker.cli.report import figure_class
-
             figure_class()
-        except RuntimeError as exc:
-            cli.say(f"kp-scorer: {exc}", "red")
-            return 2
+        except PlottingUnavailableError as exc:
+            cli.fail(str(exc))
     scores = ScoreReport()
-    quiet = quiet or not cli.err_console.is_terminal
     every = (settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic)
-    found = recorded.read(settings, rescorer, None, quiet, scores, every)
-    if found is None:
-        return 2
-    if isinstance(found, int):
-        return found
-    _, source = found
+    _, source = recorded.read(settings, rescorer, None, quiet, scores, every)
     thresholds = dict(rescorer.domain_thresholds)
     if output is not None:
-        from worker.cli.report import PlottingUnavailableError, render_html
-
-        try:
-            page = render_html(scores, source, rescorer.threshold, thresholds)
-        except PlottingUnavailableError as exc:
-            cli.say(f"kp-scorer: {exc}", "red")
-            return 2
+        page = render_html(scores, source, rescorer.threshold, thresholds)
         try:
             Path(output).write_text(page, encoding="utf-8")
         except OSError as exc:
-            cli.err_console.print(f"[red]kp-scorer: cannot write {output}: {exc}[/red]")
-            return 2
+            cli.fail(f"cannot write {output}: {exc}")
         cli.err_console.print(
             f"report of {scores.rescored} scored records and {scores.dead_letters} dead "
             f"letters from {source} written to {output}"
         )
     if as_json:
-        numbers = {"source": source, **scores.report_json(rescorer.threshold, thresholds)}
-        sys.stdout.write(orjson.dumps(numbers, option=orjson.OPT_INDENT_2).decode())
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        cli.print_json({"source": source, **scores.report_json(rescorer.threshold, thresholds)})
     return 0

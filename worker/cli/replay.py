@@ -24,6 +24,7 @@ from worker.cli import main as cli
 from worker.cli import progress
 from worker.core.output import output_topics, prefixed_topics
 from worker.core.records import Decision, RoutedRecord
+from worker.core.rescoring import DELTA_BINS
 from worker.core.scorer import Scorer
 from worker.io.kafka import COMMAND_GIVE_UP_SECONDS, PartitionLogReader, create_topics, stop_all
 from worker.io.publisher import Publisher
@@ -31,12 +32,6 @@ from worker.settings import Settings
 from worker.stream.processor import StreamScorer
 
 CHUNK_RECORDS = 64
-DELTA_BINS = (-1.0, -0.2, -0.1, -0.05, -0.01, -1e-12, 1e-12, 0.01, 0.05, 0.1, 0.2, 1.0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReplayRange(cli.TopicRange):
-    topic: str
 
 
 @dataclass
@@ -58,31 +53,11 @@ class ReplaySummary:
         return rows
 
 
-class _NoCommittedOffsets:
+class _NoCommittedOffsets(PartitionLogReader):
     """The replay owns no group offsets: every partition starts where the range starts."""
-
-    def __init__(self, reader: PartitionLogReader) -> None:
-        self._reader = reader
 
     async def committed(self, topic: str, partition: int) -> int | None:
         return None
-
-    async def first_offset(self, topic: str, partition: int) -> int:
-        return await self._reader.first_offset(topic, partition)
-
-    async def read(self, topic: str, partition: int, start: int, end: int) -> list:
-        return await self._reader.read(topic, partition, start, end)
-
-
-async def _bounds(
-    reader: PartitionLogReader, scope: ReplayRange, partition: int
-) -> tuple[int, int | None, int | None] | None:
-    """(start, end offset, end time) of the partition's range; None when no record of the
-    partition is at or after --from-time (nothing to replay there)."""
-    start = await reader.range_start(
-        scope.topic, partition, scope.from_offset, cli.epoch_ms(scope.from_time)
-    )
-    return None if start is None else (start, scope.to_offset, cli.epoch_ms(scope.to_time))
 
 
 async def original_decisions(
@@ -112,35 +87,31 @@ async def original_decisions(
 async def _replay(
     settings: Settings,
     scorer: Scorer,
-    scope: ReplayRange,
+    scope: cli.TopicRange,
     output_prefix: str,
     on_progress: Callable[[int, int | None], None] | None = None,
 ) -> ReplaySummary:
+    (topic,) = scope.topics
     topics = prefixed_topics(output_prefix)
     iterate = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
-    lookup = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
+    lookup = _NoCommittedOffsets(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     publisher = Publisher(settings, topics, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     summary = ReplaySummary()
     try:
         await iterate.start()
         await lookup.start()
-        partitions = list(scope.partitions or await iterate.partitions(scope.topic))
-        if not partitions:
-            raise ValueError(f"topic {scope.topic!r} does not exist or has no partitions")
-        await create_topics(settings, list(topics.values()), len(partitions))
-        original = await original_decisions(settings, scope.topic)
+        plan, widest = await scope.plan(iterate)
+        await create_topics(settings, list(topics.values()), len(scope.partitions or ()) or widest)
+        original = await original_decisions(settings, topic)
         summary.original_found = bool(original)
         await publisher.start()
-        stream = StreamScorer(scorer, _NoCommittedOffsets(lookup), publisher)
-        found = {p: await _bounds(iterate, scope, p) for p in partitions}
-        bounds = {p: range_ for p, range_ in found.items() if range_ is not None}
-        total = None
-        if all(end is not None for _, end, _ in bounds.values()):
-            total = sum(max(0, end - start) for start, end, _ in bounds.values() if end is not None)
+        stream = StreamScorer(scorer, lookup, publisher)
+        total = scope.total(plan)
         if on_progress:
             on_progress(0, total)
-        for partition, (start, end, end_time) in bounds.items():
-            async for chunk in iterate.iter_range(scope.topic, partition, start, end, end_time):
+        end_ms = cli.epoch_ms(scope.to_time)
+        for _, partition, start in plan:
+            async for chunk in iterate.iter_range(topic, partition, start, scope.to_offset, end_ms):
                 for offset in range(0, len(chunk), CHUNK_RECORDS):
                     routed = await stream.process(chunk[offset : offset + CHUNK_RECORDS])
                     _tally(summary, routed, original)
@@ -186,22 +157,17 @@ def replay(
     threshold: float | None,
     **bounds: Any,
 ) -> int:
-    from rich.table import Table
-
     from worker.core.scorer import build_scorer
 
     settings = cli.checked_settings(profiles, threshold, quieter=True)
     scorer = build_scorer(settings)
-    scope = ReplayRange(topic=topic, **bounds)
-    result = progress.with_record_progress(
+    scope = cli.TopicRange(topics=[topic], **bounds)
+    summary = progress.with_record_progress(
         "replaying",
         settings,
         lambda advance: asyncio.run(_replay(settings, scorer, scope, output_prefix, advance)),
         quiet=not cli.err_console.is_terminal,  # as rescore: no bar written into a log file
     )
-    if isinstance(result, int):
-        return result
-    summary = result
     decisions = ", ".join(f"{k}={v}" for k, v in sorted(summary.decisions.items()))
     err = cli.err_console
     err.print(f"replayed {summary.records} records into {output_prefix}.*: {decisions}")
@@ -213,12 +179,6 @@ def replay(
         f"{summary.accept_to_reject} flipped accepted -> rejected, "
         f"{summary.reject_to_accept} flipped rejected -> accepted"
     )
-    table = Table(title="score change (replay - live)")
-    table.add_column("delta")
-    table.add_column("records", justify="right")
-    peak = max((count for _, count in summary.delta_histogram()), default=1) or 1
-    table.add_column("")
-    for label, count in summary.delta_histogram():
-        table.add_row(label, str(count), "█" * round(30 * count / peak))
-    err.print(table)
+    rows = summary.delta_histogram()
+    err.print(cli.bar_table("score change (replay - live)", rows, "delta", "records"))
     return 0

@@ -227,7 +227,6 @@ def render_html(
     figure = figure_class()
     scored = report.rescored
     accepted = sum(d.accepted for d in report.by_domain.values())
-    overall = report.curve()
     summary_rows: list[list[Any]] = [
         ["records read", report.records],
         ["scored", scored],
@@ -254,15 +253,11 @@ def render_html(
                 f"{ordered[len(ordered) // 2]:.3f}",
             ]
         )
-    grid = [round(i / (GRID_ROWS - 1), 2) for i in range(GRID_ROWS)]
     drawn = _drawn_domains(report)
+    curves = [report.curve(), *(report.curve(d) for d in drawn)]
     grid_rows = [
-        [f"{t:.2f}", _percent(overall.accepted_at(t), overall.records)]
-        + [
-            _percent(report.curve(d).accepted_at(t), sum(report.by_domain[d].scores.values()))
-            for d in drawn
-        ]
-        for t in grid
+        [f"{t:.2f}", *(_percent(curve.accepted_at(t), curve.records) for curve in curves)]
+        for t in (round(i / (GRID_ROWS - 1), 2) for i in range(GRID_ROWS))
     ]
     configured = ", ".join(
         [f"default {threshold:g}", *(f"{d} {t:g}" for d, t in sorted(domain_thresholds.items()))]

@@ -12,8 +12,7 @@ line unchanged (the trace was never scored, and scoring it again writes that sam
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 import orjson
@@ -43,17 +42,14 @@ def _unrescorable_line(where: dict[str, Any], result: NotRescored) -> bytes:
     return orjson.dumps({**where, "unrescorable": result.to_json()})
 
 
-def rescore_block(
-    rescorer: Rescorer, block: bytes, first_line: int, summary: RescoreSummary
+def rescore_lines(
+    rescorer: Rescorer, lines: list[bytes], first_line: int, summary: RescoreSummary
 ) -> bytes:
-    """Re-score the lines of ``block`` (numbered from ``first_line``) into output lines."""
+    """Re-score ``lines`` (numbered from ``first_line``) into output lines."""
     parts: list[bytes] = []
     rescore = rescorer.rescore
-    lines = block.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
     for index, raw in enumerate(lines, start=first_line):
-        line = raw[:-1] if raw.endswith(b"\r") else raw
+        line = raw.removesuffix(b"\n").removesuffix(b"\r")
         try:
             document = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
@@ -78,21 +74,6 @@ def rescore_block(
     return b"\n".join(parts)
 
 
-def _blocks(stream: IO[bytes], size: int) -> Iterator[bytes]:
-    """The stream in pieces of about ``size`` bytes, each ending at a line end (or EOF)."""
-    rest = b""
-    while chunk := stream.read(size):
-        chunk = rest + chunk if rest else chunk
-        cut = chunk.rfind(b"\n") + 1
-        if cut == 0:
-            rest = chunk
-            continue
-        yield chunk[:cut]
-        rest = chunk[cut:]
-    if rest:
-        yield rest
-
-
 def rescore_stream(
     rescorer: Rescorer,
     stream: IO[bytes],
@@ -108,14 +89,13 @@ def rescore_stream(
     """
     summary = RescoreSummary() if summary is None else summary
     line = 1
-    for block in _blocks(stream, block_bytes):
-        before = summary.records
-        output = rescore_block(rescorer, block, line, summary)
+    while lines := stream.readlines(block_bytes):
+        output = rescore_lines(rescorer, lines, line, summary)
         if out is not None:
             out.write(output)
-        line += summary.records - before
+        line += len(lines)
         if on_progress is not None:
-            on_progress(summary.records - before, len(block))
+            on_progress(len(lines), sum(map(len, lines)))
     if out is not None:
         out.flush()
     return summary
@@ -132,17 +112,10 @@ def dead_letter_kind(record: SourceRecord) -> str | None:
     return None
 
 
-@dataclass(frozen=True, kw_only=True)
-class RescoreRange(cli.TopicRange):
-    """Which recorded outputs to read: topics, partitions and an offset or time range each."""
-
-    topics: Sequence[str]
-
-
 async def rescore_topics(
     settings: Settings,
     rescorer: Rescorer,
-    scope: RescoreRange,
+    scope: cli.TopicRange,
     output_prefix: str | None = None,
     out: IO[bytes] | None = None,
     on_progress: Callable[[int, int | None], None] | None = None,
@@ -166,21 +139,7 @@ async def rescore_topics(
     summary = RescoreSummary() if summary is None else summary
     try:
         await reader.start()
-        plan: list[tuple[str, int, int, int | None]] = []
-        from_ms = cli.epoch_ms(scope.from_time)
-        widest = 1
-        for topic in scope.topics:
-            available = await reader.partitions(topic)
-            if not available:
-                raise ValueError(f"topic {topic!r} does not exist or has no partitions")
-            missing = sorted(set(scope.partitions or ()) - set(available))
-            if missing:
-                raise ValueError(f"topic {topic!r} has no partitions {missing}")
-            widest = max(widest, len(available))
-            for partition in scope.partitions or available:
-                start = await reader.range_start(topic, partition, scope.from_offset, from_ms)
-                if start is not None:  # None: nothing at or after the start time
-                    plan.append((topic, partition, start, scope.to_offset))
+        plan, widest = await scope.plan(reader)
         if output_prefix is not None:
             topics = prefixed_topics(output_prefix)
             live = {*output_topics(settings).values(), settings.input_topic, *scope.topics}
@@ -192,15 +151,12 @@ async def rescore_topics(
             await create_topics(settings, list(topics.values()), widest)
             publisher = Publisher(settings, topics, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
             await publisher.start()
-        total = None
-        if scope.to_offset is not None:
-            total = sum(max(0, scope.to_offset - start) for _, _, start, _ in plan)
+        total = scope.total(plan)
         if on_progress is not None:
             on_progress(0, total)
-        for topic, partition, start, end in plan:
-            async for chunk in reader.iter_range(
-                topic, partition, start, end, cli.epoch_ms(scope.to_time)
-            ):
+        from_ms, end_ms = cli.epoch_ms(scope.from_time), cli.epoch_ms(scope.to_time)
+        for topic, partition, start in plan:
+            async for chunk in reader.iter_range(topic, partition, start, scope.to_offset, end_ms):
                 routed = []
                 lines = []
                 for record in chunk:
@@ -279,14 +235,8 @@ def print_summary(console: Console, summary: RescoreSummary, source: str) -> Non
             domains.caption = f"{len(ranked) - MAX_DOMAIN_ROWS} more domains in --json"
         console.print(domains)
 
-        deltas = Table(title="score change (rescore - recorded)")
-        deltas.add_column("delta")
-        deltas.add_column("records", justify="right")
-        deltas.add_column("")
-        rows = summary.delta_histogram()
-        peak = max(count for *_, count in rows) or 1
-        for label, _, _, count in rows:
-            deltas.add_row(label, str(count), "█" * round(30 * count / peak))
+        rows = [(label, count) for label, _, _, count in summary.delta_histogram()]
+        deltas = cli.bar_table("score change (rescore - recorded)", rows, "delta", "records")
         deltas.caption = f"{summary.identical} of {summary.rescored} scores identical"
         console.print(deltas)
 

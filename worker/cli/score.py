@@ -10,9 +10,10 @@ optional TTL is ``metadata.created_at`` (a file has no record timestamps); the l
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -52,7 +53,7 @@ class OfflineSummary:
         decisions = ", ".join(f"{k}={v}" for k, v in self.counts.items())
         scores = self.scores
         mean = f"mean score {sum(scores) / len(scores):.4f}" if scores else "no scored lines"
-        return f"scored {sum(self.counts.values())} lines: {decisions}; {mean}"
+        return f"scored {self.lines} lines: {decisions}; {mean}"
 
 
 _ABSENT = object()
@@ -67,13 +68,8 @@ def _find(document: Any, dotted: str) -> Any:
     return document
 
 
-def _lookup(document: Any, dotted: str) -> Any:
-    found = _find(document, dotted)
-    return None if found is _ABSENT else found
-
-
 def _event_time_ms(document: Any) -> int:
-    created = _lookup(document, "metadata.created_at")
+    created = _find(document, "metadata.created_at")
     if not isinstance(created, str):
         return 0
     # RFC 3339 allows a lower-case t and z, which fromisoformat refuses, and a leap second
@@ -143,17 +139,6 @@ def output_line(routed: RoutedRecord) -> bytes:
     return routed.value
 
 
-def _chunks(lines: Iterable[bytes], size: int) -> Iterator[list[tuple[int, bytes]]]:
-    chunk: list[tuple[int, bytes]] = []
-    for index, line in enumerate(lines):
-        chunk.append((index, line.rstrip(b"\r\n")))
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def score_lines(
     scorer: Scorer,
     lines: Iterable[bytes],
@@ -163,7 +148,8 @@ def score_lines(
 ) -> OfflineSummary:
     """Score every line and write one JSON line per input line, in input order."""
     summary = OfflineSummary()
-    for chunk in _chunks(lines, CHUNK_LINES):
+    numbered = enumerate(lines)
+    while chunk := [(index, line.rstrip(b"\r\n")) for index, line in islice(numbered, CHUNK_LINES)]:
         batch = [records.record(index, line) for index, line in chunk]
         for routed in scorer.score_batch(batch).routed:
             out.write(output_line(routed).decode() + "\n")
@@ -206,19 +192,14 @@ def score(
     offline = settings.model_copy(update={"input_framing": "json"})
     scorer = build_scorer(offline, use_embedder=not no_embedder)
     if scorer.embedder is None and not no_embedder:
-        cli.err_console.print(
-            f"[yellow]embedder unavailable ({scorer.embedder_reason}); novelty 0.5[/]"
-        )
+        cli.say(f"embedder unavailable ({scorer.embedder_reason}); novelty 0.5", "yellow")
     records = LineRecords(cli.name_of(file), partition_by)
-    result = progress.read_lines_with_progress(
+    summary = progress.read_lines_with_progress(
         "scoring",
         file,
         quiet,
         lambda stream, advance: score_lines(scorer, stream, sys.stdout, records, advance),
     )
-    if result is None:
-        return 2
-    summary, _ = result
     cli.err_console.print(summary.describe())
     if partition_by is not None and summary.lines and not records.lines_with_field:
         cli.say(

@@ -103,19 +103,15 @@ def in_use(settings: Settings) -> dict[str, object]:
 )
 @cli.json_option("one JSON object keyed by variable")
 def settings(as_json: bool) -> int:
-    import orjson
-
-    values = in_use(
-        cli.checked_settings(logs=None)
-    )  # a broken profiles file is a broken configuration
+    # A broken profiles file is a broken configuration: checked as any command's.
+    values = in_use(cli.checked_settings(logs=None))
     if as_json:
-        sys.stdout.write(orjson.dumps(values, default=str, option=orjson.OPT_INDENT_2).decode())
-        sys.stdout.write("\n")
-    else:
-        for name, value in values.items():
-            if value is None:
-                meaning = UNSET_MEANS.get(name)
-                value = f"(unset: {meaning})" if meaning else "(unset)"
-            print(f"{name} = {value}")
+        cli.print_json(values, default=str)
+        return 0
+    for name, value in values.items():
+        if value is None:
+            meaning = UNSET_MEANS.get(name)
+            value = f"(unset: {meaning})" if meaning else "(unset)"
+        print(f"{name} = {value}")
     sys.stdout.flush()
     return 0
