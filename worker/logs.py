@@ -44,6 +44,11 @@ def error_line(exc: BaseException, limit: int = 300) -> str:
     return line[:limit]
 
 
+def _within(name: str, loggers: tuple[str, ...]) -> bool:
+    """Whether logger ``name`` is one of ``loggers`` or a child of one."""
+    return any(name == p or name.startswith(p + ".") for p in loggers)
+
+
 def _flat(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
@@ -109,15 +114,9 @@ class RepeatCollapser(logging.Filter):
     interval however often the client logs it. Thread-safe.
     """
 
-    def __init__(
-        self,
-        interval: float = 10.0,
-        loggers: tuple[str, ...] = COLLAPSED_LOGGERS,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, interval: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.interval = float(interval)
-        self.loggers = tuple(loggers)
         self.clock = clock
         self._lock = threading.Lock()
         # key -> [window start, records counted in it, last such record]
@@ -126,8 +125,7 @@ class RepeatCollapser(logging.Filter):
     def _collapsible(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING or getattr(record, "_kp_collapsed", False):
             return False
-        name = record.name
-        return any(name == p or name.startswith(p + ".") for p in self.loggers)
+        return _within(record.name, COLLAPSED_LOGGERS)
 
     def filter(self, record: logging.LogRecord) -> bool:
         now = self.clock()
@@ -187,7 +185,7 @@ class LibraryDebugFilter(logging.Filter):
         if record.levelno >= logging.INFO:
             return True
         name = record.name
-        return name == OWN_LOGGER or name.startswith(OWN_LOGGER + ".")
+        return _within(name, (OWN_LOGGER,))
 
 
 # What mode's services (faust's app, worker, consumer, agents, ...) prefix to every line they
