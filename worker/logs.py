@@ -88,7 +88,7 @@ class HumanFormatter(logging.Formatter):
     (``kp-scorer: Kafka unreachable ...``) stays the one line that starts ``kp-scorer:``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        # A collapsed line already says "(repeated N times ...)" in words.
+        # A collapsed line says "(repeated N times ...)" in words: no `repeated` field.
         fields = ", ".join(f"{k}={v}" for k, v in _fields(record).items() if k != "repeated")
         top = record.name.partition(".")[0]
         source = "kp-scorer" if top == OWN_LOGGER else top
@@ -174,12 +174,9 @@ OWN_LOGGER = "worker"
 
 
 class LibraryDebugFilter(logging.Filter):
-    """Drops records below INFO from every logger outside ``worker``.
-
-    Kafka and Faust libraries log message keys and values at DEBUG; this holds whatever level
-    a library sets on its own loggers (the root logger's INFO already silences those that
-    set none, before their messages are even formatted).
-    """
+    """Drops records below INFO from every logger outside ``worker`` (see the module docstring),
+    whatever level a library sets on its own loggers; the root logger's INFO silences the
+    others before their messages are even formatted."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.INFO:
@@ -223,11 +220,8 @@ class ServiceChatterFilter(logging.Filter):
 def logging_config(
     level: str = "INFO", repeat_interval: float = 10.0, human: bool = False
 ) -> dict[str, Any]:
-    """The one logging configuration: JSON lines on stderr (the Faust app is given it too),
-    with repeated Kafka client errors collapsed (:class:`RepeatCollapser`), faust's life-cycle
-    narration demoted (:class:`ServiceChatterFilter`) and libraries held at INFO and up
-    whatever ``level`` says (:class:`LibraryDebugFilter`). ``human``: plain lines
-    (:class:`HumanFormatter`) for the commands a person runs."""
+    """The one logging configuration (the Faust app is given it too): JSON lines on stderr,
+    or plain ones (``human``) for the commands a person runs, through the three filters."""
     library_level = max(logging.getLevelName(level), logging.INFO)
     return {
         "version": 1,

@@ -253,12 +253,9 @@ def _may_hold_big_integer(raw: bytes, written: bytes) -> bool:
 
 
 def _reject_big_integers(raw: bytes) -> None:
-    """Raise IntegerOutOfRangeError naming the first integer beyond 64 bits in ``raw``.
-
-    orjson reads one as a float, so the trace would be published with another number
-    (123456789012345678901234567890 as 1.2345678901234568e+29) where unknown fields are
-    promised to pass through untouched. The exact pass reads the integers' own text.
-    """
+    """Raise IntegerOutOfRangeError naming the first integer beyond 64 bits in ``raw``: unknown
+    fields pass through untouched, and orjson would publish 123456789012345678901234567890 as
+    1.2345678901234568e+29. This exact pass reads the integers' own text."""
     with _gc_paused():
         try:
             document = json.loads(raw)  # Python reads integers exactly, at C speed
@@ -361,8 +358,8 @@ def parse_trace(
         raise NotAnObjectError(
             f"expected a JSON object (ReasoningTrace), got {type(document).__name__}"
         )
-    trace = validate_trace(document)
-    return trace if schema_id is None else Trace(document, schema_id)
+    check_trace_document(document)
+    return Trace(document, schema_id)
 
 
 def validate_trace(document: dict[str, Any]) -> Trace:
