@@ -276,9 +276,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="threshold-exclusive",
         promise="A trace is accepted when score >= threshold",
-        path="worker/core/scorer.py",
-        old="Decision.ACCEPTED if breakdown.score >= threshold else Decision.REJECTED",
-        new="Decision.ACCEPTED if breakdown.score > threshold else Decision.REJECTED",
+        path="worker/core/records.py",
+        old="return cls.ACCEPTED if score >= threshold else cls.REJECTED",
+        new="return cls.ACCEPTED if score > threshold else cls.REJECTED",
         tests=("tests/unit/core/test_pipeline.py::test_score_equal_to_threshold_is_accepted",),
         why="rejects a trace scoring exactly the threshold",
     ),

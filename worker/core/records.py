@@ -19,6 +19,11 @@ class Decision(StrEnum):
     REJECTED = "rejected"
     DEAD_LETTER = "dead_letter"
 
+    @classmethod
+    def of(cls, score: float, threshold: float) -> Decision:
+        """The accept rule, for the worker and re-scoring alike: score >= threshold."""
+        return cls.ACCEPTED if score >= threshold else cls.REJECTED
+
 
 class UnreadableValue(bytes):
     """The value of a record the Kafka client could not read (its batch failed to decode):

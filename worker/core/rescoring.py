@@ -208,7 +208,7 @@ class Rescorer:
                 )
         domain = trace.domain
         threshold = self.threshold_for(domain)
-        decision = Decision.ACCEPTED if breakdown.score >= threshold else Decision.REJECTED
+        decision = Decision.of(breakdown.score, threshold)
         value = scored_value(
             trace.document,
             breakdown,
