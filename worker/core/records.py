@@ -65,8 +65,7 @@ class RoutedRecord:
     domain_label: str
     breakdown: ScoreBreakdown | None = None
     error: TraceError | None = None
-    # A dead letter with a null value of a record with a null key: Kafka clients (aiokafka, the
-    # Java producer) refuse a record with neither key nor value, so it gets an empty key.
+    # Kafka clients refuse a record with neither key nor value (see output.KEY_NULL_HEADER).
     empty_key: bool = False
 
     @property

@@ -16,7 +16,7 @@ import math
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from itertools import pairwise
 from typing import Any
@@ -71,11 +71,7 @@ class NotRescored:
     scorer_version: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason.value,
-            "detail": self.detail,
-            "scorer_version": self.scorer_version,
-        }
+        return {**asdict(self), "reason": self.reason.value}
 
 
 @dataclass(slots=True)  # not frozen: built once per record, and frozen __init__ costs

@@ -40,8 +40,7 @@ from worker.core.errors import (
 from worker.core.schema import check_trace_document, json_path
 
 DEFAULT_MAX_BYTES = 1_048_576
-# How input values are framed (KP_INPUT_FRAMING): "auto" unwraps a Schema Registry frame where
-# there is one, "json" never does, "confluent" requires one.
+# How input values are framed (KP_INPUT_FRAMING); :func:`unframe` says what each one does.
 Framing = Literal["auto", "json", "confluent"]
 # The Confluent wire format: magic byte 0, then the schema id as 4 big-endian bytes. A JSON
 # text never starts with byte 0 (only whitespace or a value may open it, and a NUL byte is
