@@ -54,8 +54,8 @@ class _MappingSource(EnvSettingsSource):
         super().__init__(settings_cls)
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
-        fold = (lambda name: name) if self.case_sensitive else str.lower
-        return {fold(name): value for name, value in self._environ.items()}
+        # Settings are not case-sensitive: the source looks names up in lower case.
+        return {name.lower(): value for name, value in self._environ.items()}
 
 
 class Settings(BaseSettings):
@@ -285,12 +285,6 @@ REMOVED_VARIABLES = {
 }
 
 
-def removed_variables(environ: Mapping[str, str]) -> list[str]:
-    """One line per removed variable still set: its name and what to do instead."""
-    found = {name.upper() for name in environ} & REMOVED_VARIABLES.keys()
-    return [f"{name}: {REMOVED_VARIABLES[name]}" for name in sorted(found)]
-
-
 # How close a ``KAFKA_*`` name must be to KAFKA_BOOTSTRAP_SERVERS to be taken for a misspelling
 # of it: other ``KAFKA_*`` variables belong to other tools (KAFKA_HEAP_OPTS, KAFKA_OPTS...).
 _KAFKA_TYPO_CUTOFF = 0.85
@@ -355,9 +349,11 @@ def load_settings(
     ``environ`` is read instead of the process environment (the Python API's callers).
     """
     flags = flags or {}
-    removed = removed_variables(os.environ if environ is None else environ)
-    if removed:
-        raise SettingsError("invalid configuration:\n  " + "\n  ".join(removed))
+    # A removed variable still set stops start-up with what to do instead.
+    found = {name.upper() for name in (os.environ if environ is None else environ)}
+    if removed := sorted(found & REMOVED_VARIABLES.keys()):
+        lines = [f"{name}: {REMOVED_VARIABLES[name]}" for name in removed]
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines))
     token = _ENVIRON.set(environ)
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
