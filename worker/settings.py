@@ -350,8 +350,8 @@ def load_settings(
     """
     flags = flags or {}
     # A removed variable still set stops start-up with what to do instead.
-    found = {name.upper() for name in (os.environ if environ is None else environ)}
-    if removed := sorted(found & REMOVED_VARIABLES.keys()):
+    names = {name.upper() for name in (os.environ if environ is None else environ)}
+    if removed := sorted(names & REMOVED_VARIABLES.keys()):
         lines = [f"{name}: {REMOVED_VARIABLES[name]}" for name in removed]
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines))
     token = _ENVIRON.set(environ)
