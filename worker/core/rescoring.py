@@ -162,11 +162,11 @@ class Rescorer:
         recorded_dimensions = tuple(
             _field(dimensions, name, _NUMBERS, "score.dimensions.") for name in DIMENSION_NAMES
         )
-        novelty_source = _NOVELTY_SOURCES.get(score.get("novelty_source"))  # type: ignore[arg-type]
+        novelty_source = _NOVELTY_SOURCES.get(_field(score, "novelty_source", (str,), "score."))
         if novelty_source is None:
             raise _Missing("score.novelty_source")
         before_score = _field(score, "score", _NUMBERS, "score.")
-        before = _DECISIONS.get(score.get("decision"))  # type: ignore[arg-type]
+        before = _DECISIONS.get(_field(score, "decision", (str,), "score."))
         if before is None:
             raise _Missing("score.decision")
         if novelty_source is NoveltySource.NO_EMBEDDER:
