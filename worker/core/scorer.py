@@ -84,32 +84,20 @@ def text_key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
+@dataclass(eq=False)
 class Scorer:
     """Everything needed to score records: profiles, thresholds, caches and an embedder."""
 
-    def __init__(
-        self,
-        profiles: ProfileSet,
-        thresholds: Thresholds,
-        caches: PartitionCaches,
-        embedder: Embedder | None,
-        max_message_bytes: int = DEFAULT_MAX_BYTES,
-        embedder_reason: str | None = None,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-        max_json_containers: int = DEFAULT_MAX_CONTAINERS,
-        failures: FailurePolicy | None = None,
-        framing: Framing = "auto",
-    ) -> None:
-        self.profiles = profiles
-        self.failures = failures or FailurePolicy()
-        self.thresholds = thresholds
-        self.caches = caches
-        self.embedder = embedder
-        self.embedder_reason = embedder_reason
-        self.max_message_bytes = max_message_bytes
-        self.max_output_bytes = max_output_bytes
-        self.max_json_containers = max_json_containers
-        self.framing = framing
+    profiles: ProfileSet
+    thresholds: Thresholds
+    caches: PartitionCaches
+    embedder: Embedder | None
+    max_message_bytes: int = DEFAULT_MAX_BYTES
+    embedder_reason: str | None = None
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    max_json_containers: int = DEFAULT_MAX_CONTAINERS
+    failures: FailurePolicy = field(default_factory=FailurePolicy)
+    framing: Framing = "auto"
 
     @property
     def model_id(self) -> str | None:
