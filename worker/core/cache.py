@@ -29,6 +29,7 @@ earlier one considered expired, and the mask gives exactly that.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -236,14 +237,14 @@ class VectorCache:
 TopicPartition = tuple[str, int]
 
 
+@dataclass(eq=False)
 class PartitionCaches:
     """The caches of the partitions this worker currently owns."""
 
-    def __init__(self, capacity: int = 1000, dimensions: int = 384, ttl_ms: int | None = None):
-        self.capacity = capacity
-        self.dimensions = dimensions
-        self.ttl_ms = ttl_ms
-        self._caches: dict[TopicPartition, VectorCache] = {}
+    capacity: int = 1000
+    dimensions: int = 384
+    ttl_ms: int | None = None
+    _caches: dict[TopicPartition, VectorCache] = field(default_factory=dict, init=False)
 
     def __contains__(self, partition: TopicPartition) -> bool:
         return partition in self._caches
