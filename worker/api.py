@@ -169,23 +169,15 @@ class Partition:
     def _score(
         self, traces: Iterable[TraceInput], event_times_ms: Iterable[int | None]
     ) -> list[ScoreResult]:
-        results: list[ScoreResult | None] = []
-        records: list[SourceRecord] = []
-        positions: list[int] = []
+        items = []
         for trace, event_time_ms in zip(traces, event_times_ms, strict=True):
-            item = self._record(trace, event_time_ms)
+            items.append(self._record(trace, event_time_ms))
             self.next_offset += 1
-            if isinstance(item, DeadLetter):
-                results.append(item)
-            else:
-                positions.append(len(results))
-                results.append(None)
-                records.append(item)
-        if records:
-            routed = self._core.score_batch(records).routed
-            for position, output in zip(positions, routed, strict=True):
-                results[position] = self._result(output)
-        return [result for result in results if result is not None]
+        records = [item for item in items if isinstance(item, SourceRecord)]
+        routed = iter(self._core.score_batch(records).routed if records else ())
+        return [
+            item if isinstance(item, DeadLetter) else self._result(next(routed)) for item in items
+        ]
 
     def _result(self, routed: RoutedRecord) -> ScoreResult:
         error = routed.error

@@ -44,6 +44,11 @@ def error_line(exc: BaseException, limit: int = 300) -> str:
     return line[:limit]
 
 
+def _within(name: str, loggers: tuple[str, ...]) -> bool:
+    """Whether logger ``name`` is one of ``loggers`` or a child of one."""
+    return any(name == p or name.startswith(p + ".") for p in loggers)
+
+
 def _flat(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
@@ -83,7 +88,7 @@ class HumanFormatter(logging.Formatter):
     (``kp-scorer: Kafka unreachable ...``) stays the one line that starts ``kp-scorer:``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        # A collapsed line already says "(repeated N times ...)" in words.
+        # A collapsed line says "(repeated N times ...)" in words: no `repeated` field.
         fields = ", ".join(f"{k}={v}" for k, v in _fields(record).items() if k != "repeated")
         top = record.name.partition(".")[0]
         source = "kp-scorer" if top == OWN_LOGGER else top
@@ -109,15 +114,9 @@ class RepeatCollapser(logging.Filter):
     interval however often the client logs it. Thread-safe.
     """
 
-    def __init__(
-        self,
-        interval: float = 10.0,
-        loggers: tuple[str, ...] = COLLAPSED_LOGGERS,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, interval: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.interval = float(interval)
-        self.loggers = tuple(loggers)
         self.clock = clock
         self._lock = threading.Lock()
         # key -> [window start, records counted in it, last such record]
@@ -126,8 +125,7 @@ class RepeatCollapser(logging.Filter):
     def _collapsible(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING or getattr(record, "_kp_collapsed", False):
             return False
-        name = record.name
-        return any(name == p or name.startswith(p + ".") for p in self.loggers)
+        return _within(record.name, COLLAPSED_LOGGERS)
 
     def filter(self, record: logging.LogRecord) -> bool:
         now = self.clock()
@@ -176,18 +174,15 @@ OWN_LOGGER = "worker"
 
 
 class LibraryDebugFilter(logging.Filter):
-    """Drops records below INFO from every logger outside ``worker``.
-
-    Kafka and Faust libraries log message keys and values at DEBUG; this holds whatever level
-    a library sets on its own loggers (the root logger's INFO already silences those that
-    set none, before their messages are even formatted).
-    """
+    """Drops records below INFO from every logger outside ``worker`` (see the module docstring),
+    whatever level a library sets on its own loggers; the root logger's INFO silences the
+    others before their messages are even formatted."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.INFO:
             return True
         name = record.name
-        return name == OWN_LOGGER or name.startswith(OWN_LOGGER + ".")
+        return _within(name, (OWN_LOGGER,))
 
 
 # What mode's services (faust's app, worker, consumer, agents, ...) prefix to every line they
@@ -225,11 +220,8 @@ class ServiceChatterFilter(logging.Filter):
 def logging_config(
     level: str = "INFO", repeat_interval: float = 10.0, human: bool = False
 ) -> dict[str, Any]:
-    """The one logging configuration: JSON lines on stderr (the Faust app is given it too),
-    with repeated Kafka client errors collapsed (:class:`RepeatCollapser`), faust's life-cycle
-    narration demoted (:class:`ServiceChatterFilter`) and libraries held at INFO and up
-    whatever ``level`` says (:class:`LibraryDebugFilter`). ``human``: plain lines
-    (:class:`HumanFormatter`) for the commands a person runs."""
+    """The one logging configuration (the Faust app is given it too): JSON lines on stderr,
+    or plain ones (``human``) for the commands a person runs, through the three filters."""
     library_level = max(logging.getLevelName(level), logging.INFO)
     return {
         "version": 1,

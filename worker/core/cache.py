@@ -8,10 +8,9 @@ batches differently from a continuous one, and scores may not change). BLAS sums
 that depends on matrix shapes, so unit vectors are rounded to a 2**-20 grid (float32 holds
 those values exactly). In float64 every product and partial sum of grid values is then an
 exact multiple of 2**-40 below 384 (384 * 2**40 < 2**53 units), so the dot product is
-exact in any order. The
-grid costs about 1e-6 of cosine accuracy. Scans first screen all entries in float32
-(fast), then compute the few entries that can be the maximum exactly, so the result is
-exact at float32 speed, and one float32 copy of the entries serves both passes.
+exact in any order. The grid costs about 1e-6 of cosine accuracy. Scans first screen all
+entries in float32 (fast), then compute exactly the few entries that can be the maximum:
+exact at float32 speed, with one float32 copy of the entries for both passes.
 
 Each entry may carry a key (a digest of the text it came from): a later record with the same
 text reuses the stored grid row instead of running the model, which gives the same rows and
@@ -30,6 +29,7 @@ earlier one considered expired, and the mask gives exactly that.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -64,11 +64,7 @@ def _unit_rows(vectors: npt.ArrayLike, dimensions: int) -> FloatArray:
 
 
 def _on_grid(vectors: npt.ArrayLike, dimensions: int) -> FloatArray:
-    """Unit rows rounded to the 2**-20 grid, stored as float32.
-
-    Grid values are integers of at most 21 bits times 2**-20, which float32 holds exactly, so
-    one float32 copy serves both the fast screening pass and (in float64) the exact pass.
-    """
+    """Unit rows rounded to the 2**-20 grid (see the module docstring), as float32."""
     unit = _unit_rows(vectors, dimensions).astype(np.float64)
     return (np.rint(unit * _GRID) / _GRID).astype(np.float32)
 
@@ -79,9 +75,7 @@ def _exact_best(
     """Per query (column): the exact max similarity among entries and whether any is live.
 
     ``screened`` holds float32 similarities (entries x queries, -inf where an entry is not
-    live for that query); its rows are the ``stored`` entries followed by the ``batch``
-    ones. Entries within the margin of a column's best are recomputed exactly: on grid
-    values a float64 matrix product is exact whatever order BLAS sums in.
+    live for that query); its rows are the ``stored`` entries followed by the ``batch`` ones.
     """
     top = screened.max(axis=0, initial=-np.inf)
     live = np.isfinite(top)
@@ -118,12 +112,13 @@ class VectorCache:
         self._slot_of_key: dict[bytes, int] = {}
 
     def __len__(self) -> int:
-        """Entries stored, expired or not."""
-        return self._count
+        return self._count  # entries stored, expired or not
 
     def size(self, now_ms: int | None = None) -> int:
         """Entries live at ``now_ms`` (all stored entries when there is no TTL or no time)."""
-        return int(self._live_mask(now_ms).sum())
+        if self.ttl_ms is None or now_ms is None:
+            return self._count
+        return int(((now_ms - self._times[: self._count]) <= self.ttl_ms).sum())
 
     def clear(self) -> None:
         self._count = 0
@@ -171,21 +166,12 @@ class VectorCache:
         self._next = int((self._next + len(rows)) % self.max_elements)
         self._count = min(self._count + len(rows), self.max_elements)
 
-    def _slots(self) -> slice:
-        return slice(0, self._count)
-
     def _age_rank(self) -> npt.NDArray[np.int64]:
         """Per stored slot: 0 for the oldest entry ... count-1 for the newest."""
         slots = np.arange(self._count)
         if self._count < self.max_elements:
             return slots
         return (slots - self._next) % self.max_elements
-
-    def _live_mask(self, now_ms: int | None) -> npt.NDArray[np.bool_]:
-        times = self._times[self._slots()]
-        if self.ttl_ms is None or now_ms is None:
-            return np.ones(len(times), dtype=bool)
-        return (now_ms - times) <= self.ttl_ms
 
     def max_cosine_similarity(
         self, query: npt.ArrayLike, now_ms: int | None = None
@@ -200,11 +186,11 @@ class VectorCache:
         rows = _on_grid(queries, self.dimensions)
         if self._count == 0:
             return [None] * len(rows)
-        stored = self._rows[self._slots()]
+        stored = self._rows[: self._count]
         screened = stored @ rows.T  # [entries, queries]
         if self.ttl_ms is not None and now_ms is not None:
             times = np.asarray(now_ms, dtype=np.int64)
-            expired = (times[None, :] - self._times[self._slots()][:, None]) > self.ttl_ms
+            expired = (times[None, :] - self._times[: self._count][:, None]) > self.ttl_ms
             screened[expired] = -np.inf
         return _as_results(*_exact_best(screened, stored, rows[:0], rows))
 
@@ -230,8 +216,8 @@ class VectorCache:
         if count != len(event_times_ms):
             raise ValueError("one event time per vector is required")
         times = np.asarray(event_times_ms, dtype=np.int64)
-        held_rows = self._rows[self._slots()]
         n = self._count
+        held_rows, held_times = self._rows[:n], self._times[:n]
         position = np.arange(count)
         # The stored entry of age rank k (0 = oldest) is still held when vector i is
         # queried iff fewer than capacity entries came after it: k >= n + i - capacity.
@@ -239,7 +225,7 @@ class VectorCache:
         earlier = position[:, None] < position[None, :]  # batch entry j precedes i
         earlier &= position[:, None] >= (position - self.max_elements)[None, :]
         if self.ttl_ms is not None:
-            held &= (times[None, :] - self._times[self._slots()][:, None]) <= self.ttl_ms
+            held &= (times[None, :] - held_times[:, None]) <= self.ttl_ms
             earlier &= (times[None, :] - times[:, None]) <= self.ttl_ms
         screened = np.concatenate([held_rows @ rows.T, rows @ rows.T])  # [entries, queries]
         screened[~np.concatenate([held, earlier])] = -np.inf
@@ -251,14 +237,14 @@ class VectorCache:
 TopicPartition = tuple[str, int]
 
 
+@dataclass(eq=False)
 class PartitionCaches:
     """The caches of the partitions this worker currently owns."""
 
-    def __init__(self, capacity: int = 1000, dimensions: int = 384, ttl_ms: int | None = None):
-        self.capacity = capacity
-        self.dimensions = dimensions
-        self.ttl_ms = ttl_ms
-        self._caches: dict[TopicPartition, VectorCache] = {}
+    capacity: int = 1000
+    dimensions: int = 384
+    ttl_ms: int | None = None
+    _caches: dict[TopicPartition, VectorCache] = field(default_factory=dict, init=False)
 
     def __contains__(self, partition: TopicPartition) -> bool:
         return partition in self._caches

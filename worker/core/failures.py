@@ -1,7 +1,7 @@
 """Where each kind of failure is decided, one method per kind. No Kafka.
 
 - A scoring bug (an exception scoring one valid trace) dead-letters that record
-  (``internal_error``) and the worker goes on: the record ends in an output, nothing is lost.
+  (``internal``) and the worker goes on: the record ends in an output, nothing is lost.
 - A publish failure, or any other failure to finish a record (its embedding, its novelty),
   stops the worker: that record is not acknowledged, so it and every later record of its
   partition are delivered again to the next worker. Going on would leave a gap behind a
@@ -26,32 +26,28 @@ Stop = Callable[[BaseException], object]
 
 
 class FailurePolicy:
-    """Decides what each failure means for the record and for the worker.
-
-    ``stop`` ends the worker (its records are redelivered); ``unreachable`` counts the
-    broker unreachable. Either may be absent (offline scoring has neither).
-    """
+    """The policy above, as one object: ``stop`` ends the worker, ``unreachable`` counts the
+    broker unreachable; offline scoring has neither."""
 
     def __init__(self, stop: Stop | None = None, unreachable: Stop | None = None) -> None:
         self._stop = stop
         self._unreachable = unreachable
 
     def scoring_failed(self, record: SourceRecord, exc: Exception) -> RoutedRecord:
-        """A bug scoring a valid trace must not lose the record: it goes to dead-letter."""
+        """A bug must not lose the record: it is dead-lettered."""
         log.exception("scoring failed", extra={"source_offset": record.offset}, exc_info=exc)
         return dead_letter(record, InternalScoringError(f"scoring failed: {exc!r}"[:300]))
 
     def publish_failed(self, record: SourceRecord, exc: BaseException) -> None:
-        """The broker did not take a record's output: stop, leaving it unacknowledged."""
+        """The broker did not take a record's output: stop."""
         self._stop_worker(record, exc)
 
     def processing_failed(self, record: SourceRecord, exc: BaseException) -> None:
-        """A record could not be decoded, embedded or scored in order: stop, leaving it
-        unacknowledged."""
+        """A record could not be decoded, embedded or scored in order: stop."""
         self._stop_worker(record, exc)
 
     def consumer_failed(self, exc: BaseException) -> None:
-        """The broker did not answer the consumer: counted, and the client retries."""
+        """The broker did not answer the consumer: counted; the client retries."""
         if self._unreachable is not None:
             self._unreachable(exc)
 

@@ -120,29 +120,33 @@ def dead_letter(record: SourceRecord, error: TraceError) -> RoutedRecord:
     """Original bytes untouched; the why and the where in headers. A record the Kafka client
     could not read has no bytes to keep: no value, and a pointer to the original."""
     if isinstance(record.value, UnreadableValue):
-        omitted = _value_omitted("the Kafka client could not read the record")
-        return _dead_letter(record, error, None, (*dead_letter_headers(record, error), omitted))
-    return _dead_letter(
-        record,
-        error,
-        record.value,
-        (*producer_headers(record.headers), *dead_letter_headers(record, error)),
-    )
-
-
-def _value_omitted(why: str) -> tuple[str, bytes]:
-    where = "read the original at the source topic/partition/offset"
-    return f"{HEADER_PREFIX}value-omitted", f"{why}; {where}".encode("utf-8", "replace")
+        return _dead_letter(record, error, omitted="the Kafka client could not read the record")
+    return _dead_letter(record, error, record.value, input_headers=True)
 
 
 def _dead_letter(
-    record: SourceRecord, error: TraceError, value: bytes | None, headers: _Headers
+    record: SourceRecord,
+    error: TraceError,
+    value: bytes | None = None,
+    *,
+    input_headers: bool = False,
+    omitted: str | None = None,
 ) -> RoutedRecord:
     """A dead letter that a Kafka client can publish: with neither key nor value (a tombstone
-    with a null key, or a value left out) it gets an empty key and ``kp-key-null``."""
+    with a null key, or a value left out) it gets an empty key and ``kp-key-null``.
+    ``omitted`` says why the value was left out and where the original is."""
+    headers = (
+        *(producer_headers(record.headers) if input_headers else ()),
+        *dead_letter_headers(record, error),
+    )
+    if omitted is not None:
+        where = "read the original at the source topic/partition/offset"
+        headers += (
+            (f"{HEADER_PREFIX}value-omitted", f"{omitted}; {where}".encode("utf-8", "replace")),
+        )
     empty_key = record.key is None and value is None
     if empty_key:
-        headers = (*headers, KEY_NULL_HEADER)
+        headers += (KEY_NULL_HEADER,)
     return RoutedRecord(
         source=record,
         decision=Decision.DEAD_LETTER,
@@ -175,14 +179,8 @@ def without_value(routed: RoutedRecord, limit: int) -> RoutedRecord:
     error = routed.error or OutputTooLargeError(
         f"output of {size} bytes is over the {limit}-byte publish limit"
     )
-    omitted = _value_omitted(f"{size} bytes, over the {limit}-byte publish limit")
-    source = routed.source
-    return _dead_letter(
-        source,
-        error,
-        None,
-        (*producer_headers(source.headers), *dead_letter_headers(source, error), omitted),
-    )
+    omitted = f"{size} bytes, over the {limit}-byte publish limit"
+    return _dead_letter(routed.source, error, input_headers=True, omitted=omitted)
 
 
 def refused(routed: RoutedRecord, why: str) -> RoutedRecord:
@@ -196,11 +194,8 @@ def refused(routed: RoutedRecord, why: str) -> RoutedRecord:
     error = routed.error or InternalScoringError(
         f"the Kafka client refused the {routed.decision.value} output: {why}"
     )
-    omitted = _value_omitted(
-        f"the Kafka client refused the record ({why}); value and input headers left out"
-    )
-    source = routed.source
-    return _dead_letter(source, error, None, (*dead_letter_headers(source, error), omitted))
+    omitted = f"the Kafka client refused the record ({why}); value and input headers left out"
+    return _dead_letter(routed.source, error, omitted=omitted)
 
 
 def is_refused_form(routed: RoutedRecord) -> bool:

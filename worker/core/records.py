@@ -19,6 +19,11 @@ class Decision(StrEnum):
     REJECTED = "rejected"
     DEAD_LETTER = "dead_letter"
 
+    @classmethod
+    def of(cls, score: float, threshold: float) -> Decision:
+        """The accept rule, for the worker and re-scoring alike: score >= threshold."""
+        return cls.ACCEPTED if score >= threshold else cls.REJECTED
+
 
 class UnreadableValue(bytes):
     """The value of a record the Kafka client could not read (its batch failed to decode):
@@ -60,8 +65,7 @@ class RoutedRecord:
     domain_label: str
     breakdown: ScoreBreakdown | None = None
     error: TraceError | None = None
-    # A dead letter with a null value of a record with a null key: Kafka clients (aiokafka, the
-    # Java producer) refuse a record with neither key nor value, so it gets an empty key.
+    # Kafka clients refuse a record with neither key nor value (see output.KEY_NULL_HEADER).
     empty_key: bool = False
 
     @property

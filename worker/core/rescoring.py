@@ -16,7 +16,7 @@ import math
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from itertools import pairwise
 from typing import Any
@@ -71,11 +71,7 @@ class NotRescored:
     scorer_version: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason.value,
-            "detail": self.detail,
-            "scorer_version": self.scorer_version,
-        }
+        return {**asdict(self), "reason": self.reason.value}
 
 
 @dataclass(slots=True)  # not frozen: built once per record, and frozen __init__ costs
@@ -100,6 +96,15 @@ def is_error_line(document: Any) -> bool:
 class _Missing(Exception):
     def __init__(self, path: str) -> None:
         self.path = path
+
+
+def _field(parent: dict[str, Any], name: str, types: tuple[type, ...], within: str = "") -> Any:
+    """``parent[name]`` if its exact type is one of ``types`` (type() rather than isinstance:
+    a bool is no number here, and this runs for every field of every record)."""
+    value = parent.get(name)
+    if type(value) not in types:
+        raise _Missing(within + name)
+    return value
 
 
 @dataclass(frozen=True)
@@ -140,37 +145,28 @@ class Rescorer:
             )
 
     def _rescore(self, recorded: dict[str, Any], version: str | None) -> Rescored | NotRescored:
-        # Type checks written out: this runs once per record, and JSON numbers are finite.
         if version is None:
             raise _Missing("scorer.version")
-        scorer, score, source = recorded["scorer"], recorded.get("score"), recorded.get("source")
-        model = scorer.get("model")
-        if not (model is None and "model" in scorer) and type(model) is not str:
-            raise _Missing("scorer.model")
-        available = scorer.get("embedder_available")
-        if type(available) is not bool:
-            raise _Missing("scorer.embedder_available")
+        scorer = recorded["scorer"]
+        # A null model is recorded (a scorer without one); an absent one is missing.
+        model = _field(
+            scorer, "model", (str, type(None)) if "model" in scorer else (str,), "scorer."
+        )
+        available = _field(scorer, "embedder_available", (bool,), "scorer.")
         origin = scorer.get("rescore_of", version)
         if type(origin) is not str:
             raise _Missing("scorer.rescore_of")
-        if type(source) is not dict:
-            raise _Missing("source")
-        if type(score) is not dict:
-            raise _Missing("score")
-        dimensions = score.get("dimensions")
-        if type(dimensions) is not dict:
-            raise _Missing("score.dimensions")
-        recorded_dimensions: tuple[Any, ...] = tuple(map(dimensions.get, DIMENSION_NAMES))
-        for name, value in zip(DIMENSION_NAMES, recorded_dimensions, strict=True):
-            if type(value) not in _NUMBERS:
-                raise _Missing(f"score.dimensions.{name}")
-        novelty_source = _NOVELTY_SOURCES.get(score.get("novelty_source"))  # type: ignore[arg-type]
+        _field(recorded, "source", (dict,))
+        score = _field(recorded, "score", (dict,))
+        dimensions = _field(score, "dimensions", (dict,), "score.")
+        recorded_dimensions = tuple(
+            _field(dimensions, name, _NUMBERS, "score.dimensions.") for name in DIMENSION_NAMES
+        )
+        novelty_source = _NOVELTY_SOURCES.get(_field(score, "novelty_source", (str,), "score."))
         if novelty_source is None:
             raise _Missing("score.novelty_source")
-        before_score: Any = score.get("score")
-        if type(before_score) not in _NUMBERS:
-            raise _Missing("score.score")
-        before = _DECISIONS.get(score.get("decision"))  # type: ignore[arg-type]
+        before_score = _field(score, "score", _NUMBERS, "score.")
+        before = _DECISIONS.get(_field(score, "decision", (str,), "score."))
         if before is None:
             raise _Missing("score.decision")
         if novelty_source is NoveltySource.NO_EMBEDDER:
@@ -208,7 +204,7 @@ class Rescorer:
                 )
         domain = trace.domain
         threshold = self.threshold_for(domain)
-        decision = Decision.ACCEPTED if breakdown.score >= threshold else Decision.REJECTED
+        decision = Decision.of(breakdown.score, threshold)
         value = scored_value(
             trace.document,
             breakdown,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
+from worker.core.records import Decision
 from worker.core.rescoring import NotRescored, Rescored, RescoreSummary
 from worker.core.scoring import DIMENSION_NAMES as DIMENSIONS
 
@@ -99,7 +100,7 @@ class ScoreReport(RescoreSummary):
             domain = self.by_domain[result.domain] = DomainScores()
         domain.scores[breakdown.score] += 1
         domain.threshold = result.threshold
-        domain.accepted += breakdown.score >= result.threshold
+        domain.accepted += result.decision is Decision.ACCEPTED
         dimensions = breakdown.dimensions
         for name in DIMENSIONS:
             value = getattr(dimensions, name)

@@ -46,7 +46,7 @@ from worker.settings import Settings
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    """Accept threshold, with per-domain overrides."""
+    """Accept threshold, with per-domain overrides (KP_ACCEPT_THRESHOLD, KP_DOMAIN_THRESHOLDS)."""
 
     default: float = 0.75
     per_domain: Mapping[str, float] = field(default_factory=dict)
@@ -84,32 +84,20 @@ def text_key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
+@dataclass(eq=False)
 class Scorer:
     """Everything needed to score records: profiles, thresholds, caches and an embedder."""
 
-    def __init__(
-        self,
-        profiles: ProfileSet,
-        thresholds: Thresholds,
-        caches: PartitionCaches,
-        embedder: Embedder | None,
-        max_message_bytes: int = DEFAULT_MAX_BYTES,
-        embedder_reason: str | None = None,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-        max_json_containers: int = DEFAULT_MAX_CONTAINERS,
-        failures: FailurePolicy | None = None,
-        framing: Framing = "auto",
-    ) -> None:
-        self.profiles = profiles
-        self.failures = failures or FailurePolicy()
-        self.thresholds = thresholds
-        self.caches = caches
-        self.embedder = embedder
-        self.embedder_reason = embedder_reason
-        self.max_message_bytes = max_message_bytes
-        self.max_output_bytes = max_output_bytes
-        self.max_json_containers = max_json_containers
-        self.framing = framing
+    profiles: ProfileSet
+    thresholds: Thresholds
+    caches: PartitionCaches
+    embedder: Embedder | None
+    max_message_bytes: int = DEFAULT_MAX_BYTES
+    embedder_reason: str | None = None
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    max_json_containers: int = DEFAULT_MAX_CONTAINERS
+    failures: FailurePolicy = field(default_factory=FailurePolicy)
+    framing: Framing = "auto"
 
     @property
     def model_id(self) -> str | None:
@@ -118,18 +106,16 @@ class Scorer:
     # -- the stream's door to the embedder and the caches ------------------------------------
     @property
     def has_embedder(self) -> bool:
-        """Whether novelty comes from a model (without one it is 0.5 and no cache is kept)."""
+        """Without a model novelty is 0.5 and no cache is kept."""
         return self.embedder is not None
 
     def submit_embedding(self, text: str, timing: RunTiming | None = None) -> Future[np.ndarray]:
-        """One text's vector, computed on one of the model's threads (a 1-row matrix);
-        ``timing`` says when a thread took it, tokenized it and finished."""
-        if self.embedder is None:
-            raise RuntimeError("no embedder: nothing needs a vector")
+        """One text's vector (a 1-row matrix) from one of the model's threads, for the stream."""
+        assert self.embedder is not None  # only a scorer with a model prepares texts
         return self.embedder.submit([text], timing)
 
     def close(self) -> None:
-        """Stop the model's threads (the worker is stopping)."""
+        """Stop the model's threads."""
         if self.embedder is not None:
             self.embedder.close()
 
@@ -142,11 +128,11 @@ class Scorer:
         return self.caches.ttl_ms
 
     def cache_size(self, partition: tuple[str, int]) -> int | None:
-        """Entries in the partition's cache; None while it has none (revoked, not started)."""
+        """None while the partition has no cache (revoked, not started)."""
         return self.caches.sizes().get(partition)
 
     def drop_partition(self, partition: tuple[str, int]) -> None:
-        """Forget the partition's cache: it is rebuilt before its next record is scored."""
+        """Revoked: the cache is rebuilt before the partition's next record is scored."""
         self.caches.drop(partition)
 
     def domain_label(self, domain: str | None) -> str:
@@ -255,7 +241,7 @@ class Scorer:
             assert novelty is not None
             breakdown = score_trace(item, novelty, self.profiles)
             threshold = self.thresholds.for_domain(item.domain)
-            decision = Decision.ACCEPTED if breakdown.score >= threshold else Decision.REJECTED
+            decision = Decision.of(breakdown.score, threshold)
             routed = scored(
                 record,
                 item,

@@ -79,12 +79,7 @@ class Profile:
             raise ProfileError(f"profile {self.name!r}: weights sum to {total!r}, not 1.0")
 
     def as_dict(self) -> dict[str, float]:
-        return {
-            "complexity": self.complexity,
-            "novelty": self.novelty,
-            "tool_diversity": self.tool_diversity,
-            "outcome": self.outcome,
-        }
+        return {name: getattr(self, name) for name in DIMENSION_NAMES}
 
 
 BUILTIN_PROFILES: Mapping[str, Profile] = {
@@ -163,12 +158,7 @@ class ScoreBreakdown:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "dimensions": {
-                "complexity": self.dimensions.complexity,
-                "novelty": self.dimensions.novelty,
-                "tool_diversity": self.dimensions.tool_diversity,
-                "outcome": self.dimensions.outcome,
-            },
+            "dimensions": {name: getattr(self.dimensions, name) for name in DIMENSION_NAMES},
             "profile": self.profile.name,
             "weights": self.profile.as_dict(),
             "composite": self.composite,

@@ -40,8 +40,7 @@ from worker.core.errors import (
 from worker.core.schema import check_trace_document, json_path
 
 DEFAULT_MAX_BYTES = 1_048_576
-# How input values are framed (KP_INPUT_FRAMING): "auto" unwraps a Schema Registry frame where
-# there is one, "json" never does, "confluent" requires one.
+# How input values are framed (KP_INPUT_FRAMING); :func:`unframe` says what each one does.
 Framing = Literal["auto", "json", "confluent"]
 # The Confluent wire format: magic byte 0, then the schema id as 4 big-endian bytes. A JSON
 # text never starts with byte 0 (only whitespace or a value may open it, and a NUL byte is
@@ -253,12 +252,9 @@ def _may_hold_big_integer(raw: bytes, written: bytes) -> bool:
 
 
 def _reject_big_integers(raw: bytes) -> None:
-    """Raise IntegerOutOfRangeError naming the first integer beyond 64 bits in ``raw``.
-
-    orjson reads one as a float, so the trace would be published with another number
-    (123456789012345678901234567890 as 1.2345678901234568e+29) where unknown fields are
-    promised to pass through untouched. The exact pass reads the integers' own text.
-    """
+    """Raise IntegerOutOfRangeError naming the first integer beyond 64 bits in ``raw``: unknown
+    fields pass through untouched, and orjson would publish 123456789012345678901234567890 as
+    1.2345678901234568e+29. This exact pass reads the integers' own text."""
     with _gc_paused():
         try:
             document = json.loads(raw)  # Python reads integers exactly, at C speed
@@ -361,8 +357,8 @@ def parse_trace(
         raise NotAnObjectError(
             f"expected a JSON object (ReasoningTrace), got {type(document).__name__}"
         )
-    trace = validate_trace(document)
-    return trace if schema_id is None else Trace(document, schema_id)
+    check_trace_document(document)
+    return Trace(document, schema_id)
 
 
 def validate_trace(document: dict[str, Any]) -> Trace:

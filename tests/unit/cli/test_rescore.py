@@ -17,7 +17,13 @@ from worker.cli.rescore import rescore_stream
 from worker.cli.score import LineRecords, score_lines
 from worker.core.cache import PartitionCaches
 from worker.core.records import SourceRecord
-from worker.core.rescoring import Rescored, Rescorer, RescoreSummary, rescored_record
+from worker.core.rescoring import (
+    NotRescored,
+    Rescored,
+    Rescorer,
+    RescoreSummary,
+    rescored_record,
+)
 from worker.core.scorer import Scorer, Thresholds, build_scorer
 from worker.core.scoring import BUILTIN_PROFILES, ProfileSet, profiles_from_mapping
 from worker.settings import load_settings
@@ -166,6 +172,24 @@ def test_cli_file_mode_writes_scratch_lines_to_stdout_and_summary_to_stderr(
     assert report["decisions"]["after"]["accepted"] == sum(
         b'"decision":"accepted"' in line for line in from_scratch
     )
+
+
+@pytest.mark.parametrize("field", ["novelty_source", "decision"])
+@pytest.mark.parametrize("value", [[], {}, ["accepted"]], ids=["array", "object", "listed"])
+def test_a_recorded_field_of_the_wrong_json_type_is_incomplete_not_a_crash(
+    recorded: list[bytes], field: str, value: Any
+) -> None:
+    """An edited output whose decision or novelty source is an array or an object is answered
+    with the field it lacks, like any other malformed field (it used to stop `rescore`)."""
+    document = orjson.loads(recorded[5])
+    document["score"][field] = value
+    result = Rescorer(BUILTIN).rescore(document)
+    assert isinstance(result, NotRescored)
+    assert result.reason == "incomplete"
+    assert f"score.{field}" in result.detail
+    output, summary = rescore_all(Rescorer(BUILTIN), [orjson.dumps(document)])
+    assert orjson.loads(output)["unrescorable"]["reason"] == "incomplete"
+    assert summary.to_json()["unrescorable"] == {"incomplete": 1}
 
 
 def test_unrescorable_lines_are_reported_in_place_and_counted(recorded: list[bytes]) -> None:
