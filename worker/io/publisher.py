@@ -169,7 +169,7 @@ class Publisher:
                 if isinstance(res, BaseException)
             ]
             if not failed:
-                self._observer.broker_published()
+                self._observer.broker.published()
                 return
             self._observer.publish_retried()
             errors = {type(res).__name__ for res in results if isinstance(res, BaseException)}

@@ -59,24 +59,11 @@ class WorkerHealth:
         with self._lock:
             self._last_tick = self._clock()
 
-    def record_taken(self) -> None:
+    def progress(self, in_pipeline: int = 0, rebuilding: int = 0) -> None:
+        """A record taken (+1) or finished (-1), a cache rebuild begun (+1) or ended (-1)."""
         with self._lock:
-            self._in_pipeline += 1
-            self._last_progress = self._clock()
-
-    def record_finished(self) -> None:
-        with self._lock:
-            self._in_pipeline -= 1
-            self._last_progress = self._clock()
-
-    def rebuild_started(self) -> None:
-        with self._lock:
-            self._rebuilding += 1
-            self._last_progress = self._clock()
-
-    def rebuild_finished(self) -> None:
-        with self._lock:
-            self._rebuilding -= 1
+            self._in_pipeline += in_pipeline
+            self._rebuilding += rebuilding
             self._last_progress = self._clock()
 
     def scorer_ready(self, model: str | None, reason: str | None) -> None:

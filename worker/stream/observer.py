@@ -1,6 +1,7 @@
 """Every metric update, in one place: processing code reports what happened to an observer and
 never touches a metric itself. The default observer writes the Prometheus metrics of
-:mod:`worker.stream.metrics`; tests may pass their own."""
+:mod:`worker.stream.metrics`; tests may pass their own. The state read at scrape time
+(``broker``, ``lag``, ``health``) is reported to those objects directly."""
 
 from __future__ import annotations
 
@@ -56,16 +57,6 @@ class MetricsObserver:
             metrics.domain_accept_threshold.labels(domain).set(threshold)
         metrics.latency_budget.set(self.latency_budget_seconds)
 
-    def broker_reached(self) -> None:
-        """The broker answered (at start-up: the topics are there)."""
-        self.broker.reached()
-
-    def broker_fetched(self) -> None:
-        self.broker.fetched()
-
-    def broker_published(self) -> None:
-        self.broker.published()
-
     def fetching_paused(self, tp: TopicPartition, paused: bool) -> None:
         """Fetching from ``tp`` paused (the records taken fill the buffer) or resumed."""
         if paused and tp not in self._fetch_paused:
@@ -74,9 +65,6 @@ class MetricsObserver:
         elif not paused:
             self._fetch_paused.discard(tp)
         metrics.fetch_paused.set(len(self._fetch_paused))
-
-    def broker_unreachable(self, error: BaseException | str) -> None:
-        self.broker.unreachable(error)
 
     def embedder_loaded(self, model_id: str | None, reason: str | None) -> None:
         """The scorer is ready, with a model or without one (and why)."""
@@ -91,23 +79,15 @@ class MetricsObserver:
         metrics.fetch_paused.set(0)
         self.health.assignment_received()
 
-    def partition_started(self, tp: TopicPartition, position: int) -> None:
-        """Scoring of ``tp`` starts at ``position``; lag is counted from there."""
-        self.lag.started(tp, position)
-
-    def log_ends(self, ends: dict[TopicPartition, int]) -> None:
-        """The log's end offsets, from a fetch or a probe."""
-        self.lag.log_ends(ends)
-
     def record_entered(self, depth: int) -> None:
         """A record entered the pipeline, which now holds ``depth`` records."""
         metrics.in_flight.inc()
         metrics.batch_size.observe(depth)
-        self.health.record_taken()
+        self.health.progress(in_pipeline=1)
 
     def record_left(self) -> None:
         metrics.in_flight.dec()
-        self.health.record_finished()
+        self.health.progress(in_pipeline=-1)
 
     def record_published(
         self,
@@ -156,12 +136,6 @@ class MetricsObserver:
         self.lag.forget(tp)
         with contextlib.suppress(KeyError):
             metrics.cache_entries.remove(tp[0], str(tp[1]))
-
-    def rebuild_started(self) -> None:
-        self.health.rebuild_started()
-
-    def rebuild_finished(self) -> None:
-        self.health.rebuild_finished()
 
     def cache_rebuilt(self, seconds: float, records: int) -> None:
         metrics.cache_rebuild_seconds.observe(seconds)

@@ -84,24 +84,12 @@ class StreamScorer:
         self.timing_header = timing_header
         self._embedding: dict[bytes, asyncio.Future[np.ndarray]] = {}
         self._slots = asyncio.Semaphore(max_in_flight_records)
-        self._depth = 0
         # One thread decodes records over INLINE_DECODE_BYTES (bounded time per record, and
         # off the event loop so the consumer keeps heartbeating); each extra thread would
         # also grow its own malloc arena.
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="kp-decode")
 
     # -- assignment -------------------------------------------------------------------------
-    def forget(self, partitions: Sequence[TopicPartition]) -> None:
-        """Partitions revoked or (re)assigned: their state must be rebuilt before next use.
-
-        Records of these partitions still in the pipeline are dropped unpublished and
-        unacknowledged (the partition's next owner scores them) unless already scored.
-        """
-        self.partitions.forget(partitions)
-
-    def owned(self) -> list[TopicPartition]:
-        return self.partitions.owned()
-
     def assigned(self, partitions: Sequence[TopicPartition]) -> None:
         """The consumer holds ``partitions`` now. Lost ones are forgotten; new ones are rebuilt
         at once, so the first record of each does not wait for its partition's rebuild."""
@@ -148,12 +136,11 @@ class StreamScorer:
                 job.scored.set_result(None)
                 job.published.set_result(None)
                 continue
-            self._depth += 1
-            self.observer.record_entered(self._depth)
             self.checkpoint.entered(job.record.topic_partition, job.published)
+            self.observer.record_entered(self.checkpoint.in_flight())
             task = self.checkpoint.spawn(self._run(job))
             # A job cancelled before its first step never runs its own cleanup.
-            task.add_done_callback(functools.partial(self._settle_done, job))
+            task.add_done_callback(functools.partial(self._settle, job))
         return [job.published for job in jobs]
 
     async def process(
@@ -163,10 +150,6 @@ class StreamScorer:
         pending = await self.submit(delivered, received_at)
         results = await asyncio.gather(*pending)
         return [routed for routed in results if routed is not None]
-
-    async def drain(self) -> None:
-        """Wait for every record in the pipeline to be published (or dropped)."""
-        await self.checkpoint.drain()
 
     async def close(self, timeout: float) -> None:
         """Drain on stop (step 4 of :mod:`worker.stream.checkpoint`), then :meth:`stop`."""
@@ -236,7 +219,8 @@ class StreamScorer:
             job.published.set_result(routed[0])
         except BaseException as exc:
             # Nothing of this partition may be remembered: its records will be delivered again.
-            self.forget([tp])
+            # Its records still in the pipeline are dropped unpublished and unacknowledged.
+            self.partitions.forget([tp])
             if not job.published.done():
                 job.published.set_exception(exc)
                 job.published.exception()  # retrieved here; process() re-raises it
@@ -250,10 +234,7 @@ class StreamScorer:
         finally:
             self._settle(job)
 
-    def _settle_done(self, job: _Job, _task: asyncio.Future[None]) -> None:
-        self._settle(job)
-
-    def _settle(self, job: _Job) -> None:
+    def _settle(self, job: _Job, _task: object = None) -> None:
         """Give the job's slot back, once: it is published, dropped or abandoned."""
         if job.settled:
             return
@@ -263,7 +244,6 @@ class StreamScorer:
         if not job.published.done():
             job.published.set_result(None)  # abandoned unacknowledged: delivered again
         self.checkpoint.left(job.record.topic_partition, job.published)
-        self._depth -= 1
         self.observer.record_left()
         self._slots.release()
 

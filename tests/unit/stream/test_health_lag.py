@@ -136,7 +136,7 @@ def test_liveness_fails_when_records_wait_and_nothing_moves() -> None:
     waiting[0] = 5
     verdict = health.liveness()
     assert not verdict.ok and "5 records waiting" in verdict.checks["consume_loop"]
-    health.record_taken()
+    health.progress(in_pipeline=1)
     assert health.liveness().ok
     clock.now += 59
     health.loop_ticked()
@@ -144,10 +144,10 @@ def test_liveness_fails_when_records_wait_and_nothing_moves() -> None:
     clock.now += 2
     health.loop_ticked()
     assert not health.liveness().ok, "in the pipeline and not finished for over a minute"
-    health.rebuild_started()
+    health.progress(rebuilding=1)
     assert health.liveness().ok, "a cache rebuild in progress is progress"
-    health.rebuild_finished()
-    health.record_finished()
+    health.progress(rebuilding=-1)
+    health.progress(in_pipeline=-1)
     waiting[0] = 0
     assert health.liveness().ok
 
@@ -180,8 +180,8 @@ def test_endpoints_answer_from_the_health_state_and_lag_is_exported_at_scrape_ti
     observer.watch()
     observer.configured("9.9.9", "model-x", 0.7, {"finance": 0.8})
     observer.partitions_assigned([TP])
-    observer.partition_started(TP, 3)
-    observer.log_ends({TP: 8})
+    observer.lag.started(TP, 3)
+    observer.lag.log_ends({TP: 8})
     port = free_loopback_port()
     server = http.serve(port, observer.health, host="127.0.0.1")
     assert server is not None
@@ -200,7 +200,7 @@ def test_endpoints_answer_from_the_health_state_and_lag_is_exported_at_scrape_ti
         status, body = get("/readyz")
         assert status == 503 and orjson.loads(body)["checks"]["broker"].startswith("never reached")
         assert "kp_broker_reachable 0.0" in get("/metrics")[1].decode()
-        observer.broker_reached()
+        observer.broker.reached()
         assert get("/readyz")[0] == 200
         assert "kp_broker_reachable 1.0" in get("/metrics")[1].decode()
         assert get("/healthz")[0] == 200
