@@ -177,7 +177,6 @@ class ScorerApp(faust.App):
             scorer,
             self._reader,
             self._publisher,
-            settings.latency_budget_seconds,
             settings.max_in_flight_records,
             failures=self.failures,
             observer=observer,

@@ -213,17 +213,15 @@ class PartitionLogReader:
             max_partition_fetch_bytes=settings.fetch_max_bytes,
             fetch_max_bytes=settings.fetch_max_bytes,
         )
-        self._closed = False
 
     async def start(self) -> None:
         await self._consumer.start()
 
     async def stop(self) -> None:
-        """Close the client, started or not (once): a client built and never closed, as when
-        Ctrl-C comes before or during its start, is reported as "Unclosed" at exit."""
-        if not self._closed:
-            self._closed = True
-            await stop_client(self._consumer, "log reader")
+        """Close the client, started or not: a client built and never closed, as when Ctrl-C
+        comes before or during its start, is reported as "Unclosed" at exit. (aiokafka's
+        stop does nothing the second time.)"""
+        await stop_client(self._consumer, "log reader")
 
     async def committed(self, topic: str, partition: int) -> int | None:
         """The group's committed offset (needs the reader to be built with that group id)."""
@@ -242,14 +240,11 @@ class PartitionLogReader:
         """The end offsets of ``partitions`` (asked of their leaders, as a fetch would be),
         after the cluster's metadata, within ``timeout`` seconds; raises if the broker cannot
         answer. With no partitions, the metadata request alone tells whether it answers."""
-
-        async def ask() -> dict[tuple[str, int], int]:
+        async with asyncio.timeout(timeout):
             await self._consumer.topics()
             wanted = [TopicPartition(topic, partition) for topic, partition in partitions]
             ends = await self._consumer.end_offsets(wanted) if wanted else {}
-            return {(tp.topic, tp.partition): end for tp, end in ends.items()}
-
-        return await asyncio.wait_for(ask(), timeout)
+        return {(tp.topic, tp.partition): end for tp, end in ends.items()}
 
     async def range_start(
         self, topic: str, partition: int, from_offset: int | None, from_time_ms: int | None

@@ -55,7 +55,6 @@ class Publisher:
         self._max_output_bytes = settings.max_output_bytes
         self.idempotent = settings.producer_idempotence != "off"
         self._producer = self._new_producer()
-        self._closed = False
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -94,10 +93,8 @@ class Publisher:
             await self._producer.start()
 
     async def stop(self) -> None:
-        """Close the producer, started or not (once; see :meth:`PartitionLogReader.stop`)."""
-        if not self._closed:
-            self._closed = True
-            await stop_client(self._producer, "publisher")
+        """Close the producer, started or not (see :meth:`PartitionLogReader.stop`)."""
+        await stop_client(self._producer, "publisher")
 
     async def _send(self, record: RoutedRecord) -> asyncio.Future[Any]:
         """Hand one record to the producer.

@@ -133,7 +133,7 @@ class MetricsObserver:
 
     def partition_forgotten(self, tp: TopicPartition) -> None:
         """A partition forgotten (lost, or failed) stops being reported until scored again."""
-        self.lag.forget(tp)
+        self.lag.started(tp, None)
         with contextlib.suppress(KeyError):
             metrics.cache_entries.remove(tp[0], str(tp[1]))
 

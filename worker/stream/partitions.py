@@ -45,7 +45,7 @@ class LogReader(Protocol):
 class Admitted:
     """What to do with delivered records of one partition, in offset order."""
 
-    to_score: list[tuple[SourceRecord, bool]] = field(default_factory=list)  # (record, delivered)
+    to_score: list[SourceRecord] = field(default_factory=list)  # skipped ones read from the log
     redelivered: list[SourceRecord] = field(default_factory=list)
 
 
@@ -127,8 +127,8 @@ class Partitions:
                     continue
                 if record.offset > expected:
                     gap = await self._read_gap(tp, expected, record.offset)
-                    admitted.to_score += [(missed, False) for missed in gap]
-                admitted.to_score.append((record, True))
+                    admitted.to_score += gap
+                admitted.to_score.append(record)
                 self._next_offset[tp] = record.offset + 1
             return admitted
 

@@ -1,13 +1,10 @@
 """The record pipeline: take -> score -> publish -> acknowledge, several records at a time.
 
-Each record is a small pipeline of its own, started as soon as it arrives: decode, then its
-embedding on one of the embedder's threads (so the records of a burst embed side by side),
-then novelty and scoring strictly in offset order within its partition, then publishing. A
-record is acknowledged (its offset may be committed) only after the broker acknowledged its
-output. The at-least-once steps (publish, acknowledge, commit, drain on stop, confirm)
-belong to :mod:`worker.stream.checkpoint`; which records to score, and each partition's
-state, to :mod:`worker.stream.partitions`; what a failure means, to
-:class:`~worker.core.failures.FailurePolicy`; every metric update goes to the observer.
+Each record runs as soon as it arrives: decode, embed on a model thread (a burst's records
+embed side by side), then novelty and scoring in offset order within its partition, then
+publish. The at-least-once steps are :mod:`worker.stream.checkpoint`'s; which records to score
+and each partition's state, :mod:`worker.stream.partitions`'; what a failure means,
+:class:`~worker.core.failures.FailurePolicy`'s.
 """
 
 from __future__ import annotations
@@ -66,7 +63,6 @@ class StreamScorer:
         scorer: Scorer,
         reader: LogReader,
         publisher: RoutedPublisher,
-        latency_budget_seconds: float = 0.1,
         max_in_flight_records: int = 16,
         failures: FailurePolicy | None = None,
         observer: MetricsObserver | None = None,
@@ -79,7 +75,7 @@ class StreamScorer:
         self.scorer = scorer
         self.checkpoint = Checkpoint(publisher)
         self.failures = failures or FailurePolicy()
-        self.observer = observer or MetricsObserver(latency_budget_seconds)
+        self.observer = observer or MetricsObserver()
         self.partitions = Partitions(scorer, reader, self.observer)
         self.timing_header = timing_header
         self._embedding: dict[bytes, asyncio.Future[np.ndarray]] = {}
@@ -111,23 +107,22 @@ class StreamScorer:
         The futures give each record's routed output once published (None if dropped).
         """
         now = time.monotonic()
-        received = list(received_at) if received_at is not None else [now] * len(delivered)
-        acks = list(acknowledgements) if acknowledgements is not None else [None] * len(delivered)
-        by_partition: dict[TopicPartition, list[tuple[SourceRecord, float, Acknowledge | None]]]
-        by_partition = defaultdict(list)
-        for item in zip(delivered, received, acks, strict=True):
-            by_partition[item[0].topic_partition].append(item)
+        received = received_at or [now] * len(delivered)
+        acks = acknowledgements or [None] * len(delivered)
+        by_partition: dict[TopicPartition, list[SourceRecord]] = defaultdict(list)
+        extra: dict[tuple[TopicPartition, int], tuple[float, Acknowledge | None]] = {}
+        for record, at, ack in zip(delivered, received, acks, strict=True):
+            by_partition[record.topic_partition].append(record)
+            extra[record.topic_partition, record.offset] = (at, ack)
         jobs: list[_Job] = []
-        for tp, items in by_partition.items():
-            items.sort(key=lambda item: item[0].offset)
-            extra = {record.offset: (at, ack) for record, at, ack in items}
-            admitted = await self.partitions.admit(tp, [record for record, _, _ in items])
+        for tp, records in by_partition.items():
+            admitted = await self.partitions.admit(tp, sorted(records, key=lambda r: r.offset))
             for record in admitted.redelivered:
-                acknowledge = extra[record.offset][1]
+                acknowledge = extra[tp, record.offset][1]
                 if acknowledge is not None:
                     self.checkpoint.acknowledge_redelivered(tp, acknowledge)
-            for record, was_delivered in admitted.to_score:
-                at, acknowledge = extra[record.offset] if was_delivered else (now, None)
+            for record in admitted.to_score:  # one read from the log was not delivered
+                at, acknowledge = extra.get((tp, record.offset), (now, None))
                 jobs.append(self._job(record, at, acknowledge))
         for job in jobs:
             await self._slots.acquire()

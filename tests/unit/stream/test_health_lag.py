@@ -59,7 +59,7 @@ def test_lag_of_a_backlog_found_on_assignment_and_of_revoked_partitions() -> Non
     assert lag.snapshot() == [Lag("in", 0, 500, 3.0)], "at least as long as it has owned it"
     lag.finished(TP, 0, timestamp_ms=int((clock.now - 3_600) * 1000))
     assert lag.snapshot()[0].seconds == 3_600, "an hour-old backlog shows an hour"
-    lag.forget(TP)
+    lag.started(TP, None)
     assert lag.snapshot() == [], "a forgotten partition is not reported until it restarts"
     lag.assigned([])
     lag.started(TP, 0)
