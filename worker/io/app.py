@@ -27,7 +27,13 @@ from worker.core.failures import FailurePolicy
 from worker.core.output import output_topics
 from worker.core.scorer import build_scorer
 from worker.io import http
-from worker.io.kafka import PartitionLogReader, client_config, ensure_topics, source_record
+from worker.io.kafka import (
+    PartitionLogReader,
+    client_config,
+    ensure_topics,
+    source_record,
+    stop_all,
+)
 from worker.io.library_overrides import ScorerTransport
 from worker.io.publisher import Publisher
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
@@ -225,9 +231,7 @@ class ScorerApp(faust.App):
                     "be redelivered",
                     extra={"partitions": self.left_uncommitted, "exit_code": EXIT_DEADLINE},
                 )
-        for client in (self._reader, self._publisher):
-            if client is not None:
-                await client.stop()
+        await stop_all(self._reader, self._publisher)
         for task in (self._ticker, self._trimmer):
             if task is not None:
                 task.cancel()
