@@ -6,6 +6,7 @@ never touches a metric itself. The default observer writes the Prometheus metric
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 
 from worker.core.records import Decision, RoutedRecord
@@ -13,6 +14,7 @@ from worker.stream import metrics
 from worker.stream.connectivity import BrokerHealth
 from worker.stream.health import WorkerHealth
 from worker.stream.lag import PartitionLag
+from worker.stream.timing import RecordTiming
 
 TopicPartition = tuple[str, int]
 
@@ -92,24 +94,22 @@ class MetricsObserver:
     def record_published(
         self,
         routed: RoutedRecord,
-        stages: Sequence[tuple[str, float]],
-        latency_seconds: float,
-        age_seconds: float | None,
+        timing: RecordTiming,
         reused_vector: bool,
         cache_size: int | None,
     ) -> None:
         """One record's output was acknowledged: its latencies, decision and score."""
-        for stage, seconds in stages:
+        for stage, seconds in timing.stages():
             metrics.stage_latency.labels(stage).observe(seconds)
-        metrics.trace_latency.observe(latency_seconds)
-        if latency_seconds > self.latency_budget_seconds:
+        metrics.trace_latency.observe(timing.latency)
+        if timing.latency > self.latency_budget_seconds:
             metrics.budget_breaches.inc()
         source = routed.source
         topic, partition = source.topic, str(source.partition)
         if self.lag.finished(source.topic_partition, source.offset, source.timestamp_ms):
             metrics.future_timestamps.inc()
-        if age_seconds is not None:
-            metrics.end_to_end_latency.observe(age_seconds)
+        if source.timestamp_ms:  # from its timestamp to now, its output acknowledged
+            metrics.end_to_end_latency.observe(max(0.0, time.time() - source.timestamp_ms / 1000))
         if reused_vector:
             metrics.embeddings_reused.inc()
         if cache_size is not None:

@@ -195,22 +195,10 @@ class StreamScorer:
             stage = "publish"
             timing.acked = await self.checkpoint.publish(routed, job.acknowledge)
             stage = "done"
-            record = routed[0].source
-            latency = timing.acked - timing.received
-            self.observer.record_published(
-                routed[0],
-                timing.stages(),
-                latency_seconds=latency,
-                age_seconds=(
-                    max(0.0, time.time() - record.timestamp_ms / 1000)
-                    if record.timestamp_ms
-                    else None
-                ),
-                reused_vector=reused,
-                cache_size=self.scorer.cache_size(tp),  # None: revoked meanwhile
-            )
+            # cache_size is None if the partition was revoked meanwhile.
+            self.observer.record_published(routed[0], timing, reused, self.scorer.cache_size(tp))
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("record published", extra=_published_fields(routed[0], latency))
+                log.debug("record published", extra=_published_fields(routed[0], timing.latency))
             job.published.set_result(routed[0])
         except BaseException as exc:
             # Nothing of this partition may be remembered: its records will be delivered again.

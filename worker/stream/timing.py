@@ -86,6 +86,11 @@ class RecordTiming:
         ]
         return [(stage, max(0.0, seconds)) for stage, seconds in stages]
 
+    @property
+    def latency(self) -> float:
+        """Receipt to the broker's acknowledgement of the output, in seconds."""
+        return self.acked - self.received
+
     def stages(self) -> list[tuple[str, float]]:
         """Every stage, in seconds, in pipeline order (once the output is acknowledged)."""
         return [*self.before_publish(), ("publish", max(0.0, self.acked - self.publishing))]

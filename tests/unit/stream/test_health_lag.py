@@ -16,6 +16,7 @@ from worker.stream import metrics
 from worker.stream.health import WorkerHealth
 from worker.stream.lag import Lag, PartitionLag
 from worker.stream.observer import MetricsObserver
+from worker.stream.timing import RecordTiming
 
 TP = ("in", 0)
 
@@ -106,7 +107,7 @@ def test_the_observer_counts_future_timestamps() -> None:
         ts = int((time.time() + ahead_s) * 1000)
         record = SourceRecord("in", 0, offset, ts, None, None)
         routed = dead_letter(record, EmptyMessageError("empty"))
-        observer.record_published(routed, (), 0.01, None, False, None)
+        observer.record_published(routed, RecordTiming(0.0, 0.0, ts), False, None)
     assert counted() - before == 1
 
 
