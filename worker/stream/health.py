@@ -86,22 +86,15 @@ class WorkerHealth:
             tick_age = now - self._last_tick
             progress_age = now - self._last_progress
             in_pipeline, rebuilding = self._in_pipeline, self._rebuilding
-        checks = {}
-        ok = True
+        checks = {"event_loop": "ok", "consume_loop": "ok"}
         if tick_age > self.stall_seconds / 3:
-            ok = False
             checks["event_loop"] = f"no tick for {tick_age:.0f} s"
-        else:
-            checks["event_loop"] = "ok"
         pending = waiting + in_pipeline
         if pending and not rebuilding and progress_age > self.stall_seconds:
-            ok = False
             checks["consume_loop"] = (
                 f"{pending} records waiting and none taken or finished for {progress_age:.0f} s"
             )
-        else:
-            checks["consume_loop"] = "ok"
-        return Verdict(ok, checks)
+        return Verdict(all(check == "ok" for check in checks.values()), checks)
 
     def readiness(self) -> Verdict:
         broker = self._broker()
