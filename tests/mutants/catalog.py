@@ -215,7 +215,7 @@ MUTANTS: tuple[Mutant, ...] = (
         name="gap-not-read-from-the-log",
         promise="Records the consumer skipped are read from the log and scored",
         path="worker/stream/partitions.py",
-        old="admitted.to_score += [(missed, False) for missed in gap]",
+        old="admitted.to_score += gap",
         new="del gap",
         tests=(
             "tests/unit/stream/test_stream.py::test_gap_before_first_delivery_is_read_from_the_log",

@@ -27,7 +27,13 @@ from worker.core.failures import FailurePolicy
 from worker.core.output import output_topics
 from worker.core.scorer import build_scorer
 from worker.io import http
-from worker.io.kafka import PartitionLogReader, client_config, ensure_topics, source_record
+from worker.io.kafka import (
+    PartitionLogReader,
+    client_config,
+    ensure_topics,
+    source_record,
+    stop_all,
+)
 from worker.io.library_overrides import ScorerTransport
 from worker.io.publisher import Publisher
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
@@ -136,7 +142,7 @@ class ScorerApp(faust.App):
             settings.latency_budget_seconds, stall_seconds=settings.health_stall_seconds
         )
         # A publish failure stops the worker; a broker that does not answer is counted.
-        self.failures = FailurePolicy(self._scoring_failed, self.observer.broker_unreachable)
+        self.failures = FailurePolicy(self._scoring_failed, self.observer.broker.unreachable)
         self.stream_scorer: StreamScorer | None = None
         self.left_uncommitted: list[tuple[str, int]] = []
         self._publisher: Publisher | None = None
@@ -177,7 +183,6 @@ class ScorerApp(faust.App):
             scorer,
             self._reader,
             self._publisher,
-            settings.latency_budget_seconds,
             settings.max_in_flight_records,
             failures=self.failures,
             observer=observer,
@@ -226,9 +231,7 @@ class ScorerApp(faust.App):
                     "be redelivered",
                     extra={"partitions": self.left_uncommitted, "exit_code": EXIT_DEADLINE},
                 )
-        for client in (self._reader, self._publisher):
-            if client is not None:
-                await client.stop()
+        await stop_all(self._reader, self._publisher)
         for task in (self._ticker, self._trimmer):
             if task is not None:
                 task.cancel()
@@ -260,7 +263,7 @@ async def _wait_for_kafka(
     for attempt in itertools.count(1):
         try:
             await ensure_topics(settings, outputs)
-            observer.broker_reached()
+            observer.broker.reached()
             return
         except (KafkaError, OSError) as exc:
             failures.consumer_failed(exc)
@@ -293,7 +296,7 @@ def create_app(
         async for event in manual.events():
             assert app.stream_scorer is not None
             message = event.message
-            app.observer.broker_fetched()
+            app.observer.broker.fetched()
             await app.stream_scorer.submit(
                 # faust gives the timestamp in seconds.
                 [source_record(message, round((message.timestamp or 0) * 1000))],
@@ -302,7 +305,7 @@ def create_app(
             )
             highwater = app.consumer.highwater(message.tp)
             if highwater is not None:
-                app.observer.log_ends({(message.topic, message.partition): highwater})
+                app.observer.lag.log_ends({(message.topic, message.partition): highwater})
 
     async def on_assigned(sender: Any, assigned: set[TP], **_: Any) -> None:
         now_assigned = sorted((tp.topic, tp.partition) for tp in assigned)
@@ -320,13 +323,13 @@ def create_app(
             return
         observer = app.observer
         try:
-            owned = app.stream_scorer.owned()
+            owned = app.stream_scorer.partitions.owned()
             ends = await app._reader.probe(owned, PROBE_TIMEOUT_SECONDS)
         except (TimeoutError, KafkaError, OSError) as exc:
             app.failures.consumer_failed(exc)
         else:
-            observer.broker_fetched()
-            observer.log_ends(ends)
+            observer.broker.fetched()
+            observer.lag.log_ends(ends)
 
     return app
 

@@ -213,21 +213,15 @@ class PartitionLogReader:
             max_partition_fetch_bytes=settings.fetch_max_bytes,
             fetch_max_bytes=settings.fetch_max_bytes,
         )
-        self._started = False
-        self._closed = False
 
     async def start(self) -> None:
-        if not self._started:
-            await self._consumer.start()
-            self._started = True
+        await self._consumer.start()
 
     async def stop(self) -> None:
-        """Close the client, started or not (once): a client built and never closed, as when
-        Ctrl-C comes before or during its start, is reported as "Unclosed" at exit."""
-        if not self._closed:
-            self._closed = True
-            self._started = False
-            await stop_client(self._consumer, "log reader")
+        """Close the client, started or not: a client built and never closed, as when Ctrl-C
+        comes before or during its start, is reported as "Unclosed" at exit. (aiokafka's
+        stop does nothing the second time.)"""
+        await stop_client(self._consumer, "log reader")
 
     async def committed(self, topic: str, partition: int) -> int | None:
         """The group's committed offset (needs the reader to be built with that group id)."""
@@ -246,14 +240,11 @@ class PartitionLogReader:
         """The end offsets of ``partitions`` (asked of their leaders, as a fetch would be),
         after the cluster's metadata, within ``timeout`` seconds; raises if the broker cannot
         answer. With no partitions, the metadata request alone tells whether it answers."""
-
-        async def ask() -> dict[tuple[str, int], int]:
+        async with asyncio.timeout(timeout):
             await self._consumer.topics()
             wanted = [TopicPartition(topic, partition) for topic, partition in partitions]
             ends = await self._consumer.end_offsets(wanted) if wanted else {}
-            return {(tp.topic, tp.partition): end for tp, end in ends.items()}
-
-        return await asyncio.wait_for(ask(), timeout)
+        return {(tp.topic, tp.partition): end for tp, end in ends.items()}
 
     async def range_start(
         self, topic: str, partition: int, from_offset: int | None, from_time_ms: int | None
@@ -265,19 +256,13 @@ class PartitionLogReader:
         if from_offset is not None:
             return max(start, from_offset)
         if from_time_ms is not None:
-            found = await self.offset_for_time(topic, partition, from_time_ms)
-            return None if found is None else max(start, found)
+            tp = TopicPartition(topic, partition)
+            found = (await self._consumer.offsets_for_times({tp: from_time_ms}))[tp]
+            # A broker answers "none" as no offset, or as one with timestamp -1 (unknown).
+            if found is None or found.timestamp < from_time_ms:
+                return None
+            return max(start, found.offset)
         return start
-
-    async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
-        """First offset whose timestamp is >= timestamp_ms, or None if there is none.
-
-        A broker answers "none" as no offset, or as an offset with timestamp -1 (the
-        protocol's unknown): an offset found always has a timestamp at or after the one asked.
-        """
-        tp = TopicPartition(topic, partition)
-        found = (await self._consumer.offsets_for_times({tp: timestamp_ms}))[tp]
-        return None if found is None or found.timestamp < timestamp_ms else found.offset
 
     async def iter_range(
         self,

@@ -52,10 +52,8 @@ class Publisher:
         self._topics = topics or output_topics(settings)
         self._observer = observer or MetricsObserver()
         self._settings = settings
-        self._max_output_bytes = settings.max_output_bytes
         self.idempotent = settings.producer_idempotence != "off"
         self._producer = self._new_producer()
-        self._closed = False
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -94,20 +92,14 @@ class Publisher:
             await self._producer.start()
 
     async def stop(self) -> None:
-        """Close the producer, started or not (once; see :meth:`PartitionLogReader.stop`)."""
-        if not self._closed:
-            self._closed = True
-            await stop_client(self._producer, "publisher")
+        """Close the producer, started or not (see :meth:`PartitionLogReader.stop`)."""
+        await stop_client(self._producer, "publisher")
 
     async def _send(self, record: RoutedRecord) -> asyncio.Future[Any]:
-        """Hand one record to the producer.
-
-        A record the client refuses (too large; neither key nor value; anything it raises
-        that is not a KafkaError) would be refused again on every try and every restart: it
-        is replaced by a smaller dead letter (``_smaller``), and only a refusal of the
-        smallest form raises. A KafkaError other than a size one is the client's state (a
-        timeout, a stopped producer), not the record's: it propagates as before.
-        """
+        """Hand one record to the producer. One it refuses (too large; neither key nor value;
+        anything but a KafkaError) would be refused on every try and restart: it is replaced
+        by a smaller dead letter (``_smaller``). Another KafkaError is the client's state (a
+        timeout, a stopped producer), not the record's: it propagates."""
         try:
             return await self._producer.send(
                 self._topics[record.decision],
@@ -141,19 +133,14 @@ class Publisher:
         be; None once that too was refused."""
         too_large = isinstance(refusal, MessageSizeTooLargeError | RecordTooLargeError)
         if too_large and record.value is not None:
-            return without_value(record, self._max_output_bytes)
+            return without_value(record, self._settings.max_output_bytes)
         if is_refused_form(record):
             return None
         return refused(record, error_line(refusal, limit=200))
 
     async def publish(self, routed: Sequence[RoutedRecord]) -> None:
         """Send all, then wait for every ack; retried until acknowledged (never dropped).
-
-        A record the broker refuses as too large is not retried as it is: it goes to the
-        dead-letter topic without its value, pointing at the original (``_smaller``). One the
-        client refuses to send is replaced in ``_send``; no record is retried as it was
-        refused, so no input record can stop the worker at its offset on every restart.
-        """
+        A record the broker refuses as too large is retried as its ``_smaller`` form."""
         pending = list(routed)
         delays = backoff(PUBLISH_RETRY_SECONDS)
         failing_since: float | None = None
@@ -169,7 +156,7 @@ class Publisher:
                 if isinstance(res, BaseException)
             ]
             if not failed:
-                self._observer.broker_published()
+                self._observer.broker.published()
                 return
             self._observer.publish_retried()
             errors = {type(res).__name__ for res in results if isinstance(res, BaseException)}

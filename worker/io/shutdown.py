@@ -28,11 +28,8 @@ EXIT_DEADLINE = 75
 class ShutdownDeadline:
     """Ends the process ``timeout`` seconds after :meth:`start` unless it exited by then."""
 
-    def __init__(
-        self, timeout: float, exit: Callable[[int], object] = os._exit, code: int = EXIT_DEADLINE
-    ) -> None:
+    def __init__(self, timeout: float, exit: Callable[[int], object] = os._exit) -> None:
         self.timeout = timeout
-        self.code = code
         self._exit = exit
         self._timer: threading.Timer | None = None
 
@@ -44,36 +41,25 @@ class ShutdownDeadline:
         """The first signal: start the countdown (later calls are no-ops)."""
         if self._timer is not None:
             return
-        self._timer = threading.Timer(self.timeout, self._expired)
+        self._timer = threading.Timer(
+            self.timeout,
+            self._end,
+            ["shutdown deadline reached; records not committed will be redelivered"],
+            {"deadline_s": self.timeout},
+        )
         self._timer.daemon = True
         self._timer.start()
         log.info("shutting down", extra={"deadline_s": self.timeout})
 
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-
     def now(self, reason: str) -> None:
         """A second signal: exit at once."""
-        self.cancel()
-        log.error(
-            "%s: exiting at once; records not committed will be redelivered",
-            reason,
-            extra={"exit_code": self.code},
-        )
-        self._flush()
-        self._exit(self.code)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._end("%s: exiting at once; records not committed will be redelivered", reason)
 
-    def _expired(self) -> None:
-        log.error(
-            "shutdown deadline reached; records not committed will be redelivered",
-            extra={"deadline_s": self.timeout, "exit_code": self.code},
-        )
-        self._flush()
-        self._exit(self.code)
-
-    @staticmethod
-    def _flush() -> None:
+    def _end(self, message: str, *args: object, **extra: object) -> None:
+        log.error(message, *args, extra={**extra, "exit_code": EXIT_DEADLINE})
         for handler in logging.getLogger().handlers:
             with contextlib.suppress(Exception):  # exiting anyway
                 handler.flush()
+        self._exit(EXIT_DEADLINE)

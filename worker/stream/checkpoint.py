@@ -57,7 +57,6 @@ class Checkpoint:
     def __init__(self, publisher: RoutedPublisher) -> None:
         self.publisher = publisher
         self.closed = False  # step 4 began: no more records are taken
-        self.stopped = False  # what is in flight is abandoned
         self._in_flight: dict[TopicPartition, set[asyncio.Future[object]]] = defaultdict(set)
         self._committed: dict[TopicPartition, int] = {}
         self._tasks: set[asyncio.Future[None]] = set()
@@ -134,8 +133,8 @@ class Checkpoint:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def close(self, timeout: float) -> None:
-        """Take no more records; let those in flight finish within ``timeout`` seconds; then
-        abandon the rest (:meth:`stop`)."""
+        """Take no more records; let those in flight finish within ``timeout`` seconds (the
+        rest is abandoned by :meth:`stop`)."""
         self.closed = True
         try:
             async with asyncio.timeout(timeout):
@@ -145,11 +144,10 @@ class Checkpoint:
                 "records still in the pipeline at the stop; they will be redelivered",
                 extra={"records": self.in_flight(), "waited_s": timeout},
             )
-        await self.stop()
 
     async def stop(self) -> None:
         """Abandon what is in flight: none of it was acknowledged, so it is redelivered."""
-        self.closed = self.stopped = True
+        self.closed = True
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)

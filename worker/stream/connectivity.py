@@ -1,14 +1,10 @@
-"""Broker connectivity as state: reachable or not, and since when, for logs and metrics.
+"""Broker connectivity as state: reachable or not, and since when.
 
-The worker reports what it saw (records fetched, outputs acknowledged, a probe of the input
-topic that succeeded or failed); :class:`BrokerHealth` turns that into one log line per state
-change ("broker unreachable since ...", "broker reachable again after ...") and into the values
-behind ``kp_broker_reachable`` and ``kp_seconds_since_last_fetch``/``_publish``, which are read
-at scrape time so they keep growing while nothing succeeds.
-
-A worker is not taken at its word: the broker is unreachable until it has answered once, so a
-worker given a wrong bootstrap address reads 0 from its first scrape (the start-up retries
-report the failures) and is not ready.
+What the worker saw (records fetched, outputs acknowledged, probes that succeeded or failed)
+becomes one log line per state change and the values behind ``kp_broker_reachable`` and
+``kp_seconds_since_last_fetch``/``_publish``, read at scrape time so they grow while nothing
+succeeds. The broker is unreachable until it has answered once: a worker given a wrong
+bootstrap address reads 0 from its first scrape and is not ready.
 """
 
 from __future__ import annotations

@@ -59,24 +59,11 @@ class WorkerHealth:
         with self._lock:
             self._last_tick = self._clock()
 
-    def record_taken(self) -> None:
+    def progress(self, in_pipeline: int = 0, rebuilding: int = 0) -> None:
+        """A record taken (+1) or finished (-1), a cache rebuild begun (+1) or ended (-1)."""
         with self._lock:
-            self._in_pipeline += 1
-            self._last_progress = self._clock()
-
-    def record_finished(self) -> None:
-        with self._lock:
-            self._in_pipeline -= 1
-            self._last_progress = self._clock()
-
-    def rebuild_started(self) -> None:
-        with self._lock:
-            self._rebuilding += 1
-            self._last_progress = self._clock()
-
-    def rebuild_finished(self) -> None:
-        with self._lock:
-            self._rebuilding -= 1
+            self._in_pipeline += in_pipeline
+            self._rebuilding += rebuilding
             self._last_progress = self._clock()
 
     def scorer_ready(self, model: str | None, reason: str | None) -> None:
@@ -99,22 +86,15 @@ class WorkerHealth:
             tick_age = now - self._last_tick
             progress_age = now - self._last_progress
             in_pipeline, rebuilding = self._in_pipeline, self._rebuilding
-        checks = {}
-        ok = True
+        checks = {"event_loop": "ok", "consume_loop": "ok"}
         if tick_age > self.stall_seconds / 3:
-            ok = False
             checks["event_loop"] = f"no tick for {tick_age:.0f} s"
-        else:
-            checks["event_loop"] = "ok"
         pending = waiting + in_pipeline
         if pending and not rebuilding and progress_age > self.stall_seconds:
-            ok = False
             checks["consume_loop"] = (
                 f"{pending} records waiting and none taken or finished for {progress_age:.0f} s"
             )
-        else:
-            checks["consume_loop"] = "ok"
-        return Verdict(ok, checks)
+        return Verdict(all(check == "ok" for check in checks.values()), checks)
 
     def readiness(self) -> Verdict:
         broker = self._broker()

@@ -1,20 +1,15 @@
-"""How far behind the log's end each owned partition is, in records and seconds, at any moment.
+"""How far behind the log's end each owned partition is, in records and seconds.
 
-The worker reports what it knows: partitions assigned, where scoring of one starts, each
-record it finished, and the log's end offsets (from every fetched record's high watermark and
-from a periodic probe of the input topic, which keeps coming while no record arrives). The
-lag is computed when it is read (at scrape time), so a worker that stops finishing records
-shows its lag growing instead of a frozen last value.
+Computed when read (at scrape time) from what the worker reports: assignments, where scoring
+starts, each record finished, and the log's end offsets (each fetched record's high watermark,
+and a periodic probe that keeps coming while no record arrives), so a worker that stops
+finishing records shows its lag growing instead of a frozen value.
 
-Seconds behind is an estimate without reading the log: for a partition that is behind, now
-minus the newer of the last finished record's timestamp and the last moment the partition was
-seen caught up (or, before either is known, the moment it was assigned). It is 0 when caught up.
-
-A record timestamp ahead of the clock (a producer's clock running fast, or a timestamp set by
-hand) counts as the moment the record was finished: it was at most that recent. Taken as it
-is, an hour-ahead record would hold the partition's lag seconds at 0 for an hour however long
-the records after it wait; ignoring it instead would fall back on the previous record's time
-and show a lag that is not there (for every record of a producer a second fast).
+Seconds behind, without reading the log: for a partition behind, now minus the newer of its
+last finished record's timestamp and the last moment it was caught up (before either, its
+assignment); 0 when caught up. A timestamp ahead of the clock counts as now: taken as it is,
+an hour-ahead record would pin lag seconds at 0 for an hour; ignored, every record of a
+producer a second fast would show a lag that is not there.
 """
 
 from __future__ import annotations
@@ -72,15 +67,9 @@ class PartitionLag:
             for tp in wanted:
                 self._partitions.setdefault(tp, _Partition(assigned_at=now))
 
-    def forget(self, tp: TopicPartition) -> None:
-        """Revoked or failed: its position is unknown until scoring starts again."""
-        with self._lock:
-            state = self._partitions.get(tp)
-            if state is not None:
-                state.position = None
-
-    def started(self, tp: TopicPartition, position: int) -> None:
-        """Scoring of ``tp`` starts at ``position`` (the committed offset)."""
+    def started(self, tp: TopicPartition, position: int | None) -> None:
+        """Scoring of ``tp`` starts at ``position`` (the committed offset); None: revoked or
+        failed, unknown until scoring starts again."""
         with self._lock:
             state = self._partitions.get(tp)
             if state is not None:
@@ -88,9 +77,8 @@ class PartitionLag:
                 state.note_caught_up(self._clock())
 
     def finished(self, tp: TopicPartition, offset: int, timestamp_ms: int) -> bool:
-        """The record at ``offset`` was scored and its output published. Returns whether its
-        timestamp was ahead of the clock (beyond :data:`FUTURE_TOLERANCE_SECONDS`); it then
-        counts as now."""
+        """The record at ``offset`` was published. Returns whether its timestamp was ahead of
+        the clock (beyond :data:`FUTURE_TOLERANCE_SECONDS`)."""
         now = self._clock()
         seconds = timestamp_ms / 1000
         ahead = bool(timestamp_ms) and seconds - now > FUTURE_TOLERANCE_SECONDS

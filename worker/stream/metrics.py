@@ -7,7 +7,7 @@ Latency buckets are dense around the 100 ms budget with a boundary exactly at 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
@@ -133,14 +133,8 @@ class _LagCollector(Collector):
     def __init__(self) -> None:
         self.source: Callable[[], list[Lag]] | None = None
 
-    def describe(self) -> list[GaugeMetricFamily]:
-        return list(self._families())
-
     def collect(self) -> list[GaugeMetricFamily]:
-        return list(self._families(self.source() if self.source else ()))
-
-    @staticmethod
-    def _families(lags: Iterable[Lag] = ()) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        """Read at every scrape, and once at registration (no source yet: no samples)."""
         records = GaugeMetricFamily(
             "kp_consumer_lag_records",
             "Records between an owned partition's next record to score and the log's end",
@@ -153,10 +147,10 @@ class _LagCollector(Collector):
             "the last moment it was caught up; 0 when caught up",
             labels=["topic", "partition"],
         )
-        for lag in lags:
+        for lag in self.source() if self.source else ():
             records.add_metric([lag.topic, str(lag.partition)], lag.records)
             seconds.add_metric([lag.topic, str(lag.partition)], lag.seconds)
-        return records, seconds
+        return [records, seconds]
 
 
 consumer_lag = _LagCollector()

@@ -1,10 +1,12 @@
 """Every metric update, in one place: processing code reports what happened to an observer and
 never touches a metric itself. The default observer writes the Prometheus metrics of
-:mod:`worker.stream.metrics`; tests may pass their own."""
+:mod:`worker.stream.metrics`; tests may pass their own. The state read at scrape time
+(``broker``, ``lag``, ``health``) is reported to those objects directly."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 
 from worker.core.records import Decision, RoutedRecord
@@ -12,6 +14,7 @@ from worker.stream import metrics
 from worker.stream.connectivity import BrokerHealth
 from worker.stream.health import WorkerHealth
 from worker.stream.lag import PartitionLag
+from worker.stream.timing import RecordTiming
 
 TopicPartition = tuple[str, int]
 
@@ -56,16 +59,6 @@ class MetricsObserver:
             metrics.domain_accept_threshold.labels(domain).set(threshold)
         metrics.latency_budget.set(self.latency_budget_seconds)
 
-    def broker_reached(self) -> None:
-        """The broker answered (at start-up: the topics are there)."""
-        self.broker.reached()
-
-    def broker_fetched(self) -> None:
-        self.broker.fetched()
-
-    def broker_published(self) -> None:
-        self.broker.published()
-
     def fetching_paused(self, tp: TopicPartition, paused: bool) -> None:
         """Fetching from ``tp`` paused (the records taken fill the buffer) or resumed."""
         if paused and tp not in self._fetch_paused:
@@ -74,9 +67,6 @@ class MetricsObserver:
         elif not paused:
             self._fetch_paused.discard(tp)
         metrics.fetch_paused.set(len(self._fetch_paused))
-
-    def broker_unreachable(self, error: BaseException | str) -> None:
-        self.broker.unreachable(error)
 
     def embedder_loaded(self, model_id: str | None, reason: str | None) -> None:
         """The scorer is ready, with a model or without one (and why)."""
@@ -91,45 +81,35 @@ class MetricsObserver:
         metrics.fetch_paused.set(0)
         self.health.assignment_received()
 
-    def partition_started(self, tp: TopicPartition, position: int) -> None:
-        """Scoring of ``tp`` starts at ``position``; lag is counted from there."""
-        self.lag.started(tp, position)
-
-    def log_ends(self, ends: dict[TopicPartition, int]) -> None:
-        """The log's end offsets, from a fetch or a probe."""
-        self.lag.log_ends(ends)
-
     def record_entered(self, depth: int) -> None:
         """A record entered the pipeline, which now holds ``depth`` records."""
         metrics.in_flight.inc()
         metrics.batch_size.observe(depth)
-        self.health.record_taken()
+        self.health.progress(in_pipeline=1)
 
     def record_left(self) -> None:
         metrics.in_flight.dec()
-        self.health.record_finished()
+        self.health.progress(in_pipeline=-1)
 
     def record_published(
         self,
         routed: RoutedRecord,
-        stages: Sequence[tuple[str, float]],
-        latency_seconds: float,
-        age_seconds: float | None,
+        timing: RecordTiming,
         reused_vector: bool,
         cache_size: int | None,
     ) -> None:
         """One record's output was acknowledged: its latencies, decision and score."""
-        for stage, seconds in stages:
+        for stage, seconds in timing.stages():
             metrics.stage_latency.labels(stage).observe(seconds)
-        metrics.trace_latency.observe(latency_seconds)
-        if latency_seconds > self.latency_budget_seconds:
+        metrics.trace_latency.observe(timing.latency)
+        if timing.latency > self.latency_budget_seconds:
             metrics.budget_breaches.inc()
         source = routed.source
         topic, partition = source.topic, str(source.partition)
         if self.lag.finished(source.topic_partition, source.offset, source.timestamp_ms):
             metrics.future_timestamps.inc()
-        if age_seconds is not None:
-            metrics.end_to_end_latency.observe(age_seconds)
+        if source.timestamp_ms:  # from its timestamp to now, its output acknowledged
+            metrics.end_to_end_latency.observe(max(0.0, time.time() - source.timestamp_ms / 1000))
         if reused_vector:
             metrics.embeddings_reused.inc()
         if cache_size is not None:
@@ -153,15 +133,9 @@ class MetricsObserver:
 
     def partition_forgotten(self, tp: TopicPartition) -> None:
         """A partition forgotten (lost, or failed) stops being reported until scored again."""
-        self.lag.forget(tp)
+        self.lag.started(tp, None)
         with contextlib.suppress(KeyError):
             metrics.cache_entries.remove(tp[0], str(tp[1]))
-
-    def rebuild_started(self) -> None:
-        self.health.rebuild_started()
-
-    def rebuild_finished(self) -> None:
-        self.health.rebuild_finished()
 
     def cache_rebuilt(self, seconds: float, records: int) -> None:
         metrics.cache_rebuild_seconds.observe(seconds)

@@ -45,7 +45,7 @@ class LogReader(Protocol):
 class Admitted:
     """What to do with delivered records of one partition, in offset order."""
 
-    to_score: list[tuple[SourceRecord, bool]] = field(default_factory=list)  # (record, delivered)
+    to_score: list[SourceRecord] = field(default_factory=list)  # skipped ones read from the log
     redelivered: list[SourceRecord] = field(default_factory=list)
 
 
@@ -127,8 +127,8 @@ class Partitions:
                     continue
                 if record.offset > expected:
                     gap = await self._read_gap(tp, expected, record.offset)
-                    admitted.to_score += [(missed, False) for missed in gap]
-                admitted.to_score.append((record, True))
+                    admitted.to_score += gap
+                admitted.to_score.append(record)
                 self._next_offset[tp] = record.offset + 1
             return admitted
 
@@ -160,16 +160,14 @@ class Partitions:
         else:
             start = await self.reader.first_offset(topic, partition)
         # Records of an earlier ownership still in the pipeline must not touch the new cache.
-        self._epochs[tp] += 1
-        self._last_scored.pop(tp, None)
-        self.scorer.drop_partition(tp)
-        self.observer.rebuild_started()
+        self.forget([tp])
+        self.observer.health.progress(rebuilding=1)
         try:
             await self.rebuild_cache(tp, start)
         finally:
-            self.observer.rebuild_finished()
+            self.observer.health.progress(rebuilding=-1)
         self._next_offset[tp] = start
-        self.observer.partition_started(tp, start)
+        self.observer.lag.started(tp, start)  # lag is counted from here
 
     async def rebuild_cache(self, tp: TopicPartition, before: int) -> int:
         """Fill tp's cache from the records preceding ``before``, exactly as live scoring did.

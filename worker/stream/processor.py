@@ -1,13 +1,10 @@
 """The record pipeline: take -> score -> publish -> acknowledge, several records at a time.
 
-Each record is a small pipeline of its own, started as soon as it arrives: decode, then its
-embedding on one of the embedder's threads (so the records of a burst embed side by side),
-then novelty and scoring strictly in offset order within its partition, then publishing. A
-record is acknowledged (its offset may be committed) only after the broker acknowledged its
-output. The at-least-once steps (publish, acknowledge, commit, drain on stop, confirm)
-belong to :mod:`worker.stream.checkpoint`; which records to score, and each partition's
-state, to :mod:`worker.stream.partitions`; what a failure means, to
-:class:`~worker.core.failures.FailurePolicy`; every metric update goes to the observer.
+Each record runs as soon as it arrives: decode, embed on a model thread (a burst's records
+embed side by side), then novelty and scoring in offset order within its partition, then
+publish. The at-least-once steps are :mod:`worker.stream.checkpoint`'s; which records to score
+and each partition's state, :mod:`worker.stream.partitions`'; what a failure means,
+:class:`~worker.core.failures.FailurePolicy`'s.
 """
 
 from __future__ import annotations
@@ -66,7 +63,6 @@ class StreamScorer:
         scorer: Scorer,
         reader: LogReader,
         publisher: RoutedPublisher,
-        latency_budget_seconds: float = 0.1,
         max_in_flight_records: int = 16,
         failures: FailurePolicy | None = None,
         observer: MetricsObserver | None = None,
@@ -79,29 +75,17 @@ class StreamScorer:
         self.scorer = scorer
         self.checkpoint = Checkpoint(publisher)
         self.failures = failures or FailurePolicy()
-        self.observer = observer or MetricsObserver(latency_budget_seconds)
+        self.observer = observer or MetricsObserver()
         self.partitions = Partitions(scorer, reader, self.observer)
         self.timing_header = timing_header
         self._embedding: dict[bytes, asyncio.Future[np.ndarray]] = {}
         self._slots = asyncio.Semaphore(max_in_flight_records)
-        self._depth = 0
         # One thread decodes records over INLINE_DECODE_BYTES (bounded time per record, and
         # off the event loop so the consumer keeps heartbeating); each extra thread would
         # also grow its own malloc arena.
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="kp-decode")
 
     # -- assignment -------------------------------------------------------------------------
-    def forget(self, partitions: Sequence[TopicPartition]) -> None:
-        """Partitions revoked or (re)assigned: their state must be rebuilt before next use.
-
-        Records of these partitions still in the pipeline are dropped unpublished and
-        unacknowledged (the partition's next owner scores them) unless already scored.
-        """
-        self.partitions.forget(partitions)
-
-    def owned(self) -> list[TopicPartition]:
-        return self.partitions.owned()
-
     def assigned(self, partitions: Sequence[TopicPartition]) -> None:
         """The consumer holds ``partitions`` now. Lost ones are forgotten; new ones are rebuilt
         at once, so the first record of each does not wait for its partition's rebuild."""
@@ -123,23 +107,22 @@ class StreamScorer:
         The futures give each record's routed output once published (None if dropped).
         """
         now = time.monotonic()
-        received = list(received_at) if received_at is not None else [now] * len(delivered)
-        acks = list(acknowledgements) if acknowledgements is not None else [None] * len(delivered)
-        by_partition: dict[TopicPartition, list[tuple[SourceRecord, float, Acknowledge | None]]]
-        by_partition = defaultdict(list)
-        for item in zip(delivered, received, acks, strict=True):
-            by_partition[item[0].topic_partition].append(item)
+        received = received_at or [now] * len(delivered)
+        acks = acknowledgements or [None] * len(delivered)
+        by_partition: dict[TopicPartition, list[SourceRecord]] = defaultdict(list)
+        extra: dict[tuple[TopicPartition, int], tuple[float, Acknowledge | None]] = {}
+        for record, at, ack in zip(delivered, received, acks, strict=True):
+            by_partition[record.topic_partition].append(record)
+            extra[record.topic_partition, record.offset] = (at, ack)
         jobs: list[_Job] = []
-        for tp, items in by_partition.items():
-            items.sort(key=lambda item: item[0].offset)
-            extra = {record.offset: (at, ack) for record, at, ack in items}
-            admitted = await self.partitions.admit(tp, [record for record, _, _ in items])
+        for tp, records in by_partition.items():
+            admitted = await self.partitions.admit(tp, sorted(records, key=lambda r: r.offset))
             for record in admitted.redelivered:
-                acknowledge = extra[record.offset][1]
+                acknowledge = extra[tp, record.offset][1]
                 if acknowledge is not None:
                     self.checkpoint.acknowledge_redelivered(tp, acknowledge)
-            for record, was_delivered in admitted.to_score:
-                at, acknowledge = extra[record.offset] if was_delivered else (now, None)
+            for record in admitted.to_score:  # one read from the log was not delivered
+                at, acknowledge = extra.get((tp, record.offset), (now, None))
                 jobs.append(self._job(record, at, acknowledge))
         for job in jobs:
             await self._slots.acquire()
@@ -148,12 +131,11 @@ class StreamScorer:
                 job.scored.set_result(None)
                 job.published.set_result(None)
                 continue
-            self._depth += 1
-            self.observer.record_entered(self._depth)
             self.checkpoint.entered(job.record.topic_partition, job.published)
+            self.observer.record_entered(self.checkpoint.in_flight())
             task = self.checkpoint.spawn(self._run(job))
             # A job cancelled before its first step never runs its own cleanup.
-            task.add_done_callback(functools.partial(self._settle_done, job))
+            task.add_done_callback(functools.partial(self._settle, job))
         return [job.published for job in jobs]
 
     async def process(
@@ -163,10 +145,6 @@ class StreamScorer:
         pending = await self.submit(delivered, received_at)
         results = await asyncio.gather(*pending)
         return [routed for routed in results if routed is not None]
-
-    async def drain(self) -> None:
-        """Wait for every record in the pipeline to be published (or dropped)."""
-        await self.checkpoint.drain()
 
     async def close(self, timeout: float) -> None:
         """Drain on stop (step 4 of :mod:`worker.stream.checkpoint`), then :meth:`stop`."""
@@ -217,26 +195,15 @@ class StreamScorer:
             stage = "publish"
             timing.acked = await self.checkpoint.publish(routed, job.acknowledge)
             stage = "done"
-            record = routed[0].source
-            latency = timing.acked - timing.received
-            self.observer.record_published(
-                routed[0],
-                timing.stages(),
-                latency_seconds=latency,
-                age_seconds=(
-                    max(0.0, time.time() - record.timestamp_ms / 1000)
-                    if record.timestamp_ms
-                    else None
-                ),
-                reused_vector=reused,
-                cache_size=self.scorer.cache_size(tp),  # None: revoked meanwhile
-            )
+            # cache_size is None if the partition was revoked meanwhile.
+            self.observer.record_published(routed[0], timing, reused, self.scorer.cache_size(tp))
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("record published", extra=_published_fields(routed[0], latency))
+                log.debug("record published", extra=_published_fields(routed[0], timing.latency))
             job.published.set_result(routed[0])
         except BaseException as exc:
             # Nothing of this partition may be remembered: its records will be delivered again.
-            self.forget([tp])
+            # Its records still in the pipeline are dropped unpublished and unacknowledged.
+            self.partitions.forget([tp])
             if not job.published.done():
                 job.published.set_exception(exc)
                 job.published.exception()  # retrieved here; process() re-raises it
@@ -250,10 +217,7 @@ class StreamScorer:
         finally:
             self._settle(job)
 
-    def _settle_done(self, job: _Job, _task: asyncio.Future[None]) -> None:
-        self._settle(job)
-
-    def _settle(self, job: _Job) -> None:
+    def _settle(self, job: _Job, _task: object = None) -> None:
         """Give the job's slot back, once: it is published, dropped or abandoned."""
         if job.settled:
             return
@@ -263,7 +227,6 @@ class StreamScorer:
         if not job.published.done():
             job.published.set_result(None)  # abandoned unacknowledged: delivered again
         self.checkpoint.left(job.record.topic_partition, job.published)
-        self._depth -= 1
         self.observer.record_left()
         self._slots.release()
 

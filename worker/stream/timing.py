@@ -66,22 +66,14 @@ class RecordTiming:
         """``received`` on the monotonic clock; its wall time is read off the clocks now."""
         return cls(received, time.time() - (time.monotonic() - received), timestamp_ms)
 
-    def fetch_seconds(self) -> float | None:
-        """Record timestamp to receipt; None without a timestamp (a producer clock running
-        fast counts as 0)."""
-        if not self.timestamp_ms:
-            return None
-        return max(0.0, self.received_wall - self.timestamp_ms / 1000)
-
     def before_publish(self) -> list[tuple[str, float]]:
         """Each stage up to publishing, in seconds, in pipeline order."""
         run = self.run
         ran = run.finished > 0.0
         embedded = run.finished if ran else self.vector
         stages: list[tuple[str, float]] = []
-        fetch = self.fetch_seconds()
-        if fetch is not None:
-            stages.append(("fetch", fetch))
+        if self.timestamp_ms:  # a producer clock running fast makes it 0, as below
+            stages.append(("fetch", self.received_wall - self.timestamp_ms / 1000))
         stages += [
             ("decode_wait", self.decoding - self.received),
             ("decode", self.decoded - self.decoding),
@@ -93,6 +85,11 @@ class RecordTiming:
             ("score", self.score),
         ]
         return [(stage, max(0.0, seconds)) for stage, seconds in stages]
+
+    @property
+    def latency(self) -> float:
+        """Receipt to the broker's acknowledgement of the output, in seconds."""
+        return self.acked - self.received
 
     def stages(self) -> list[tuple[str, float]]:
         """Every stage, in seconds, in pipeline order (once the output is acknowledged)."""

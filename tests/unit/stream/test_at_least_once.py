@@ -141,7 +141,7 @@ def test_no_offset_is_acknowledged_or_committed_before_its_output_is_published(
             inputs, acknowledgements=[ledger.acknowledgement(r) for r in inputs]
         )
         await asyncio.gather(*pending)
-        await pipeline.drain()
+        await pipeline.checkpoint.drain()
 
     run(scenario())
     ledger.assert_nothing_acknowledged_before_published()
@@ -162,7 +162,7 @@ def test_an_output_the_broker_refuses_is_never_acknowledged() -> None:
             inputs, acknowledgements=[ledger.acknowledgement(r) for r in inputs]
         )
         await asyncio.gather(*pending, return_exceptions=True)
-        await pipeline.drain()
+        await pipeline.checkpoint.drain()
 
     run(scenario())
     ledger.assert_nothing_acknowledged_before_published()
@@ -187,7 +187,7 @@ def test_a_redelivered_offset_waits_for_its_first_delivery_to_be_published() -> 
         )
         assert again == [], "redelivered records are not scored twice"
         await asyncio.gather(*first)
-        await pipeline.drain()
+        await pipeline.checkpoint.drain()
 
     run(scenario())
     ledger.assert_nothing_acknowledged_before_published()
@@ -278,7 +278,7 @@ def test_each_kind_of_failure_goes_to_its_own_decision() -> None:
             inputs[:2], acknowledgements=[ledger.acknowledgement(r) for r in inputs[:2]]
         )
         await asyncio.gather(*pending, return_exceptions=True)
-        await pipeline.drain()
+        await pipeline.checkpoint.drain()
         return decisions.asked
 
     plain = Scorer(load_profiles(None), Thresholds(), PartitionCaches(), None)

@@ -16,6 +16,7 @@ from worker.stream import metrics
 from worker.stream.health import WorkerHealth
 from worker.stream.lag import Lag, PartitionLag
 from worker.stream.observer import MetricsObserver
+from worker.stream.timing import RecordTiming
 
 TP = ("in", 0)
 
@@ -59,7 +60,7 @@ def test_lag_of_a_backlog_found_on_assignment_and_of_revoked_partitions() -> Non
     assert lag.snapshot() == [Lag("in", 0, 500, 3.0)], "at least as long as it has owned it"
     lag.finished(TP, 0, timestamp_ms=int((clock.now - 3_600) * 1000))
     assert lag.snapshot()[0].seconds == 3_600, "an hour-old backlog shows an hour"
-    lag.forget(TP)
+    lag.started(TP, None)
     assert lag.snapshot() == [], "a forgotten partition is not reported until it restarts"
     lag.assigned([])
     lag.started(TP, 0)
@@ -106,7 +107,7 @@ def test_the_observer_counts_future_timestamps() -> None:
         ts = int((time.time() + ahead_s) * 1000)
         record = SourceRecord("in", 0, offset, ts, None, None)
         routed = dead_letter(record, EmptyMessageError("empty"))
-        observer.record_published(routed, (), 0.01, None, False, None)
+        observer.record_published(routed, RecordTiming(0.0, 0.0, ts), False, None)
     assert counted() - before == 1
 
 
@@ -136,7 +137,7 @@ def test_liveness_fails_when_records_wait_and_nothing_moves() -> None:
     waiting[0] = 5
     verdict = health.liveness()
     assert not verdict.ok and "5 records waiting" in verdict.checks["consume_loop"]
-    health.record_taken()
+    health.progress(in_pipeline=1)
     assert health.liveness().ok
     clock.now += 59
     health.loop_ticked()
@@ -144,10 +145,10 @@ def test_liveness_fails_when_records_wait_and_nothing_moves() -> None:
     clock.now += 2
     health.loop_ticked()
     assert not health.liveness().ok, "in the pipeline and not finished for over a minute"
-    health.rebuild_started()
+    health.progress(rebuilding=1)
     assert health.liveness().ok, "a cache rebuild in progress is progress"
-    health.rebuild_finished()
-    health.record_finished()
+    health.progress(rebuilding=-1)
+    health.progress(in_pipeline=-1)
     waiting[0] = 0
     assert health.liveness().ok
 
@@ -180,8 +181,8 @@ def test_endpoints_answer_from_the_health_state_and_lag_is_exported_at_scrape_ti
     observer.watch()
     observer.configured("9.9.9", "model-x", 0.7, {"finance": 0.8})
     observer.partitions_assigned([TP])
-    observer.partition_started(TP, 3)
-    observer.log_ends({TP: 8})
+    observer.lag.started(TP, 3)
+    observer.lag.log_ends({TP: 8})
     port = free_loopback_port()
     server = http.serve(port, observer.health, host="127.0.0.1")
     assert server is not None
@@ -200,7 +201,7 @@ def test_endpoints_answer_from_the_health_state_and_lag_is_exported_at_scrape_ti
         status, body = get("/readyz")
         assert status == 503 and orjson.loads(body)["checks"]["broker"].startswith("never reached")
         assert "kp_broker_reachable 0.0" in get("/metrics")[1].decode()
-        observer.broker_reached()
+        observer.broker.reached()
         assert get("/readyz")[0] == 200
         assert "kp_broker_reachable 1.0" in get("/metrics")[1].decode()
         assert get("/healthz")[0] == 200

@@ -112,20 +112,20 @@ def test_broker_health_logs_each_state_change_once_and_times_grow(caplog) -> Non
     observer = MetricsObserver(broker=health)
     caplog.set_level(logging.INFO, logger="worker.stream.connectivity")
     assert health.reachable_value() == 0.0, "not reachable before the broker has answered"
-    observer.broker_unreachable(OSError("connection refused"))  # a start-up retry: no line
+    observer.broker.unreachable(OSError("connection refused"))  # a start-up retry: no line
     clock.now += 3
-    observer.broker_fetched()
+    observer.broker.fetched()
     assert health.reachable_value() == 1.0
     clock.now += 2
-    observer.broker_published()
+    observer.broker.published()
     assert health.seconds_since_fetch() == 2 and health.seconds_since_publish() == 0
     for _ in range(50):  # every failed probe of a long outage
         clock.now += 2
-        observer.broker_unreachable(TimeoutError("probe"))
+        observer.broker.unreachable(TimeoutError("probe"))
     assert health.reachable_value() == 0.0
     assert health.seconds_since_fetch() == 102 and health.seconds_since_publish() == 100
-    observer.broker_fetched()
-    observer.broker_published()
+    observer.broker.fetched()
+    observer.broker.published()
     assert health.reachable_value() == 1.0 and health.seconds_since_fetch() == 0
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
@@ -144,20 +144,20 @@ def test_a_broker_never_reached_is_unreachable_and_not_ready() -> None:
     observer.health.assignment_received()
     assert health.reachable_value() == 0.0
     clock.now += 12
-    observer.broker_unreachable(OSError("Connect call failed ('127.0.0.1', 1)"))
+    observer.broker.unreachable(OSError("Connect call failed ('127.0.0.1', 1)"))
     verdict = observer.health.readiness()
     assert not verdict.ok
     assert verdict.checks["broker"] == (
         "never reached for 12 s: OSError: Connect call failed ('127.0.0.1', 1)"
     )
-    observer.broker_reached()
+    observer.broker.reached()
     assert health.reachable_value() == 1.0 and observer.health.readiness().ok
     clock.now += 1
-    observer.broker_unreachable(TimeoutError("probe"))
+    observer.broker.unreachable(TimeoutError("probe"))
     clock.now += 5
     verdict = observer.health.readiness()
     assert not verdict.ok and verdict.checks["broker"] == "unreachable for 5 s: TimeoutError: probe"
-    observer.broker_fetched()
+    observer.broker.fetched()
     assert observer.health.readiness().checks["broker"] == "ok"
 
 
@@ -167,7 +167,7 @@ def test_connectivity_gauges_read_the_health_at_scrape_time() -> None:
     clock = Clock()
     observer = MetricsObserver(broker=BrokerHealth(clock=clock))
     observer.watch()
-    observer.broker_unreachable("refused")
+    observer.broker.unreachable("refused")
     clock.now += 42
     assert REGISTRY.get_sample_value("kp_broker_reachable") == 0.0
     assert REGISTRY.get_sample_value("kp_seconds_since_last_fetch") == 42.0
@@ -194,7 +194,6 @@ def test_shutdown_deadline_exits_when_the_stop_hangs_and_at_once_on_a_second_sig
     second.start()
     second.now("second signal (SIGTERM)")
     assert exits == [EXIT_DEADLINE, EXIT_DEADLINE]
-    second.cancel()
 
 
 def test_replay_with_an_unreachable_broker_fails_in_one_line() -> None:

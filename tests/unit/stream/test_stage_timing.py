@@ -26,7 +26,7 @@ from worker.embedding.protocol import RunTiming
 from worker.settings import Settings
 from worker.stream.observer import MetricsObserver
 from worker.stream.processor import StreamScorer
-from worker.stream.timing import STAGES, TIMING_HEADER
+from worker.stream.timing import STAGES, TIMING_HEADER, RecordTiming
 
 from support.traces import make_trace
 
@@ -81,17 +81,14 @@ class RecordingObserver(MetricsObserver):
     def record_published(
         self,
         routed: RoutedRecord,
-        stages: Sequence[tuple[str, float]],
-        latency_seconds: float,
-        age_seconds: float | None,
+        timing: RecordTiming,
         reused_vector: bool,
         cache_size: int | None,
     ) -> None:
+        stages = timing.stages()
         names = [name for name, _ in stages]
-        self.seen[routed.source.offset] = (dict(stages), names, latency_seconds)
-        super().record_published(
-            routed, stages, latency_seconds, age_seconds, reused_vector, cache_size
-        )
+        self.seen[routed.source.offset] = (dict(stages), names, timing.latency)
+        super().record_published(routed, timing, reused_vector, cache_size)
 
 
 class Publisher:

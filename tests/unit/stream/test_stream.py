@@ -170,12 +170,12 @@ def test_partition_revoked_while_scoring_leaves_no_state() -> None:
     stream = StreamScorer(scorer(), log, publisher)
 
     async def revoke_during_publish(routed: Sequence[RoutedRecord]) -> None:
-        stream.forget([(TOPIC, 0)])
+        stream.partitions.forget([(TOPIC, 0)])
         publisher.published.extend(routed)
 
     stream.checkpoint.publisher = type("P", (), {"publish": staticmethod(revoke_during_publish)})()
     run(stream.process(log.records[0:3]))
-    assert stream.owned() == []
+    assert stream.partitions.owned() == []
     assert (TOPIC, 0) not in stream.scorer.caches
 
 
@@ -186,7 +186,7 @@ def test_failed_publish_forgets_the_partition_and_raises() -> None:
     publisher.fail = True
     with pytest.raises(ConnectionError):
         run(stream.process(log.records[0:3]))
-    assert stream.owned() == []
+    assert stream.partitions.owned() == []
     publisher.fail = False
     run(stream.process(log.records[0:6]))  # redelivered after the failure: scored afresh
     assert scores(publisher.published) == continuous(log.records)
@@ -223,7 +223,7 @@ def test_a_record_that_fails_to_publish_fails_its_partition() -> None:
     stream.checkpoint.publisher = type("P", (), {"publish": staticmethod(fail_second_chunk)})()
     with pytest.raises(ConnectionError):
         run(stream.process(log.records))
-    assert stream.owned() == [] and (TOPIC, 0) not in stream.scorer.caches
+    assert stream.partitions.owned() == [] and (TOPIC, 0) not in stream.scorer.caches
 
 
 class SlowEmbedder(HashEmbedder):
