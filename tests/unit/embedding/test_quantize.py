@@ -23,7 +23,6 @@ from worker.embedding.build import QuantizeError
 from worker.embedding.build.int8 import (
     DEFAULT_RECIPE,
     RECIPES,
-    derive_bytes,
     folded,
     weight_matmuls,
 )
@@ -202,12 +201,6 @@ def test_source_that_is_not_a_model_is_a_quantize_error(tmp_path: Path) -> None:
 def test_output_that_cannot_be_written_is_a_quantize_error(tmp_path: Path) -> None:
     with pytest.raises(QuantizeError, match="cannot write"):
         build_model(tmp_path / "no" / "such" / "x.onnx", recipe=DEFAULT_RECIPE)
-
-
-def test_without_onnx_the_reason_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "onnx", None)
-    with pytest.raises(QuantizeError, match="onnx package is not installed"):
-        derive_bytes(SOURCE, RECIPES[DEFAULT_RECIPE])
 
 
 # --- the removed run-time derivation ---------------------------------------------------

@@ -29,7 +29,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import onnxruntime as ort
 
@@ -88,7 +88,7 @@ DEFAULT_RECIPE = "dynamic-per-channel"
 
 def derive_bytes(source: Path, recipe: Recipe) -> bytes:
     """The serialised derived model: fold the weights, smooth, then quantize."""
-    onnx = _import_onnx()
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     try:
@@ -177,16 +177,6 @@ def weight_matmuls(model: onnx.ModelProto) -> list[tuple[str, str]]:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def _import_onnx() -> Any:
-    try:
-        import onnx
-    except ImportError:
-        raise QuantizeError(
-            "the onnx package is not installed; it is needed to derive the int8 model"
-        ) from None
-    return onnx
 
 
 def _not_a_quantizer_notice(record: logging.LogRecord) -> bool:
