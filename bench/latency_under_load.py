@@ -14,9 +14,10 @@ settings apply to every worker, under the configuration's own.
 First each worker's max rate is measured as in bench/worker_throughput.py (a backlog,
 first to last output timestamp). Then a paced producer sends at 25 %, 50 % and 80 % (--loads)
 of the first configuration's max rate (or --rate), one phase per load and configuration,
---per-phase traces each (default 600: at 160 a phase's p99 is its second-slowest trace,
-and the simulated ratio moved by +-0.3 between runs), draining between phases; every load
-level runs each configuration in turn, rotating the order, at the same absolute rates.
+--per-phase traces each (default 2,000, so that a phase's p99 is its 20th-slowest trace: at
+600 the same code's worker / simulated ratio ranged 1.12-1.80 between runs), draining
+between phases; every load level runs each configuration in turn, rotating the order, at
+the same absolute rates.
 Arrivals are Poisson by default (exponential gaps, fixed seed: bursts happen, as in a real
 fleet) or evenly spaced with --arrivals even. Records are sent one at a time (linger 0), each
 stamped with its send time. Texts are unique (every trace costs one model run) unless
@@ -507,7 +508,7 @@ def main() -> None:
         help="reference max rate for the paced loads (default: measured, first config)",
     )
     parser.add_argument("--loads", default="0.25,0.5,0.8", help="fractions of the max rate")
-    parser.add_argument("--per-phase", type=int, default=None, help="traces per phase (600)")
+    parser.add_argument("--per-phase", type=int, default=None, help="traces per phase (2000)")
     parser.add_argument("--max-rate-records", type=int, default=None, help="max-rate backlog (240)")
     parser.add_argument("--arrivals", choices=("poisson", "even"), default="poisson")
     parser.add_argument(
@@ -527,7 +528,7 @@ def main() -> None:
     except ValueError as exc:
         parser.error(str(exc))
     args.loads = [float(x) for x in args.loads.split(",")]
-    args.per_phase = args.per_phase or (60 if args.quick else 600)
+    args.per_phase = args.per_phase or (60 if args.quick else 2000)
     args.max_rate_records = args.max_rate_records or (80 if args.quick else 240)
     args.sim_repeats = args.sim_repeats or (1 if args.quick else 3)
     chosen = args.config or [("default", {})]
