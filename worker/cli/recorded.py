@@ -223,11 +223,10 @@ def report(
     scores = ScoreReport()
     every = (settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic)
     _, source = recorded.read(settings, rescorer, None, quiet, scores, every)
-    thresholds = dict(rescorer.domain_thresholds)
+    numbers = scores.report_json(rescorer.threshold, dict(rescorer.domain_thresholds))
     if output is not None:
-        page = render_html(scores, source, rescorer.threshold, thresholds)
         try:
-            Path(output).write_text(page, encoding="utf-8")
+            Path(output).write_text(render_html(numbers, source), encoding="utf-8")
         except OSError as exc:
             cli.fail(f"cannot write {output}: {exc}")
         cli.err_console.print(
@@ -235,5 +234,5 @@ def report(
             f"letters from {source} written to {output}"
         )
     if as_json:
-        cli.print_json({"source": source, **scores.report_json(rescorer.threshold, thresholds)})
+        cli.print_json({"source": source, **numbers})
     return 0

@@ -1,9 +1,9 @@
 """`kp-scorer report`: one self-contained HTML page of how recorded outputs score.
 
-The numbers come from :class:`worker.core.score_report.ScoreReport`; this module draws them
-with matplotlib (the optional extra ``report``), each chart an inline SVG, so the page needs
-no network and no script to be read. Trace content never appears on it: only domains,
-scores, dimensions, novelty sources and dead-letter kinds.
+The page draws the numbers of ``report --json`` (``ScoreReport.report_json``) with matplotlib
+(the optional extra ``report``), each chart an inline SVG, so the page needs no network and
+no script to be read. Trace content never appears on it: only domains, scores, dimensions,
+novelty sources and dead-letter kinds.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from worker import __version__
-from worker.core.score_report import DIMENSION_BINS, DIMENSIONS, SCORE_BINS, ScoreReport
+from worker.core.score_report import DIMENSIONS
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 EXTRA = "report"
 MAX_DOMAINS_DRAWN = 8  # more lines than this are unreadable; the tables and --json have all
-GRID_ROWS = 21  # acceptance table rows: thresholds 0.00, 0.05, ..., 1.00
+GRID_EVERY = 5  # acceptance table rows: every 5th threshold of the JSON's grid, 0.00, 0.05, ...
 
 
 class PlottingUnavailableError(RuntimeError):
@@ -65,17 +65,12 @@ def _svg(figure: Figure) -> str:
     return text[text.index("<svg") :]  # inline: no XML declaration or DOCTYPE
 
 
-def _drawn_domains(report: ScoreReport) -> list[str]:
-    return report.domains_by_size()[:MAX_DOMAINS_DRAWN]
-
-
 def _note_empty(axes: Axes, text: str) -> None:
     axes.text(0.5, 0.5, text, ha="center", va="center", transform=axes.transAxes, alpha=0.6)
 
 
-def score_chart(figure_type: type[Figure], report: ScoreReport) -> str:
+def score_chart(figure_type: type[Figure], numbers: dict[str, Any], domains: list[str]) -> str:
     """One small histogram per domain (shared axes), its threshold marked."""
-    domains = _drawn_domains(report)
     rows = max(1, (len(domains) + 1) // 2)
     height = 0.7 + 1.5 * rows
     figure = figure_type(figsize=(8, height))  # laid out by hand: a layout engine costs 0.3 s
@@ -83,20 +78,17 @@ def score_chart(figure_type: type[Figure], report: ScoreReport) -> str:
         left=0.07, right=0.98, top=1 - 0.3 / height, bottom=0.45 / height, hspace=0.45
     )
     grid = figure.subplots(rows, 2, sharex=True, sharey=True, squeeze=False)
-    edges = [i / SCORE_BINS for i in range(SCORE_BINS + 1)]
     colors = [f"C{i}" for i in range(10)]
     for index, axes in enumerate(grid.flat):
         if index >= len(domains):
             axes.set_axis_off()
             continue
-        tally = report.by_domain[domains[index]]
-        counts = [0] * SCORE_BINS
-        for value, count in tally.scores.items():
-            counts[min(max(int(value * SCORE_BINS), 0), SCORE_BINS - 1)] += count
+        domain = numbers["domains"][domains[index]]
+        score = domain["score"]
         color = colors[index % len(colors)]
-        axes.stairs(counts, edges, fill=True, alpha=0.8, color=color)
-        axes.axvline(tally.threshold, color="black", linestyle="--", linewidth=1)
-        axes.set_title(f"{domains[index]} ({sum(counts)})", fontsize=9, loc="left")
+        axes.stairs(score["counts"], score["edges"], fill=True, alpha=0.8, color=color)
+        axes.axvline(domain["threshold"], color="black", linestyle="--", linewidth=1)
+        axes.set_title(f"{domains[index]} ({score['records']})", fontsize=9, loc="left")
         axes.set_xlim(0, 1)
     if not domains:
         _note_empty(grid[0][0], "no scored records")
@@ -105,18 +97,17 @@ def score_chart(figure_type: type[Figure], report: ScoreReport) -> str:
     return _svg(figure)
 
 
-def dimension_chart(figure_type: type[Figure], report: ScoreReport) -> str:
+def dimension_chart(figure_type: type[Figure], numbers: dict[str, Any]) -> str:
     figure = figure_type(figsize=(8, 4.4))
     figure.subplots_adjust(left=0.07, right=0.98, top=0.94, bottom=0.06, hspace=0.4)
-    edges = [i / DIMENSION_BINS for i in range(DIMENSION_BINS + 1)]
     for axes, name in zip(figure.subplots(2, 2).flat, DIMENSIONS, strict=True):
-        counts = report.dimension_counts[name]
-        axes.stairs(counts, edges, fill=True, alpha=0.75)
-        mean = report.dimension_sums[name] / report.rescored if report.rescored else None
+        dimension = numbers["dimensions"][name]
+        axes.stairs(dimension["counts"], dimension["edges"], fill=True, alpha=0.75)
+        mean = dimension["mean"]
         axes.set_title(name if mean is None else f"{name} (mean {mean:.3f})", fontsize=9)
         axes.set_xlim(0, 1)
         axes.set_ylim(bottom=0)
-        if not report.rescored:
+        if not numbers["scored"]:
             _note_empty(axes, "no scored records")
     return _svg(figure)
 
@@ -139,24 +130,23 @@ def _bar_chart(figure_type: type[Figure], counts: dict[str, int], xlabel: str, e
     return _svg(figure)
 
 
-def acceptance_chart(figure_type: type[Figure], report: ScoreReport, threshold: float) -> str:
+def acceptance_chart(figure_type: type[Figure], numbers: dict[str, Any], domains: list[str]) -> str:
     figure = figure_type(figsize=(8, 4))
     figure.subplots_adjust(left=0.08, right=0.98, top=0.93, bottom=0.11)
     axes = figure.subplots()
-    colors: dict[str, Any] = {}
+    threshold = numbers["thresholds"]["default"]
 
-    def draw(name: str, domain: str | None, **style: Any) -> Any:
-        curve = report.curve(domain)
-        if not curve.records:
+    def draw(name: str, curve: dict[str, Any], **style: Any) -> Any:
+        records, steps = curve["records"], curve["steps"]
+        if not records:
             return None
-        xs = [0.0, *curve.thresholds, 1.0]
-        ys = [100 * a / curve.records for a in (*curve.accepted, 0, 0)]
+        xs = [0.0, *steps["threshold"], 1.0]
+        ys = [100 * a / records for a in (*steps["accepted"], 0, 0)]
         (line,) = axes.step(xs, ys, where="post", label=name, **style)
         return line.get_color()
 
-    draw("all domains", None, color="black", linewidth=2.2)
-    for domain in _drawn_domains(report):
-        colors[domain] = draw(domain, domain, linewidth=1.2)
+    draw("all domains", numbers["acceptance"], color="black", linewidth=2.2)
+    colors = {d: draw(d, numbers["domains"][d]["acceptance"], linewidth=1.2) for d in domains}
     axes.axvline(threshold, color="black", linestyle="--", linewidth=1)
     axes.annotate(
         f"threshold {threshold:g}",
@@ -166,10 +156,11 @@ def acceptance_chart(figure_type: type[Figure], report: ScoreReport, threshold: 
         va="bottom",
         annotation_clip=False,
     )
-    for domain, tally in report.by_domain.items():
-        if tally.threshold != threshold and domain in colors:
-            axes.axvline(tally.threshold, color=colors[domain], linestyle=":", linewidth=1.4)
-    if report.by_domain:
+    for domain, color in colors.items():
+        own = numbers["domains"][domain]["threshold"]
+        if own != threshold:
+            axes.axvline(own, color=color, linestyle=":", linewidth=1.4)
+    if numbers["domains"]:
         axes.legend(loc="upper right", fontsize=8, frameon=False)
     else:
         _note_empty(axes, "no scored records")
@@ -216,71 +207,67 @@ def _chart(name: str, title: str, svg: str, caption: str) -> str:
     )
 
 
-def render_html(
-    report: ScoreReport,
-    source: str,
-    threshold: float,
-    domain_thresholds: dict[str, float],
-    now: datetime | None = None,
-) -> str:
-    """The page: summary tables, then the charts (raises PlottingUnavailableError)."""
+def render_html(numbers: dict[str, Any], source: str, now: datetime | None = None) -> str:
+    """The page of ``report --json``'s numbers: summary tables, then the charts (raises
+    PlottingUnavailableError)."""
     figure = figure_class()
-    scored = report.rescored
-    accepted = sum(d.accepted for d in report.by_domain.values())
+    scored = numbers["scored"]
+    accepted = numbers["accepted_at_configured_thresholds"]
     summary_rows: list[list[Any]] = [
-        ["records read", report.records],
+        ["records read", numbers["records"]],
         ["scored", scored],
         ["accepted at the configured thresholds", f"{accepted} ({_percent(accepted, scored)})"],
-        ["dead letters", report.dead_letters],
-        *(
-            [f"not re-scored: {reason}", count]
-            for reason, count in sorted(report.unrescorable.items())
-        ),
+        ["dead letters", numbers["dead_letters"]["total"]],
+        *([f"not re-scored: {reason}", count] for reason, count in numbers["not_scored"].items()),
     ]
-    domain_rows = []
-    for name in report.domains_by_size():
-        tally = report.by_domain[name]
-        records = sum(tally.scores.values())
-        ordered = sorted(tally.scores.elements())
-        domain_rows.append(
-            [
-                name,
-                records,
-                f"{tally.threshold:g}",
-                tally.accepted,
-                _percent(tally.accepted, records),
-                f"{sum(v * c for v, c in tally.scores.items()) / records:.3f}",
-                f"{ordered[len(ordered) // 2]:.3f}",
-            ]
-        )
-    drawn = _drawn_domains(report)
-    curves = [report.curve(), *(report.curve(d) for d in drawn)]
+    domain_rows = [
+        [
+            name,
+            domain["score"]["records"],
+            f"{domain['threshold']:g}",
+            domain["accepted_at_threshold"],
+            _percent(domain["accepted_at_threshold"], domain["score"]["records"]),
+            f"{domain['score']['mean']:.3f}",
+            f"{domain['score']['median']:.3f}",
+        ]
+        for name, domain in numbers["domains"].items()
+    ]
+    drawn = list(numbers["domains"])[:MAX_DOMAINS_DRAWN]
+    curves = [numbers["acceptance"], *(numbers["domains"][d]["acceptance"] for d in drawn)]
     grid_rows = [
-        [f"{t:.2f}", *(_percent(curve.accepted_at(t), curve.records) for curve in curves)]
-        for t in (round(i / (GRID_ROWS - 1), 2) for i in range(GRID_ROWS))
+        [
+            f"{point['threshold']:.2f}",
+            *(_percent(curve["grid"][row]["accepted"], curve["records"]) for curve in curves),
+        ]
+        for row, point in enumerate(numbers["acceptance"]["grid"])
+        if row % GRID_EVERY == 0
     ]
+    thresholds = numbers["thresholds"]
     configured = ", ".join(
-        [f"default {threshold:g}", *(f"{d} {t:g}" for d, t in sorted(domain_thresholds.items()))]
+        [
+            f"default {thresholds['default']:g}",
+            *(f"{d} {t:g}" for d, t in thresholds["domains"].items()),
+        ]
     )
     generated = (now or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
     sections = [
         _chart(
             "score_by_domain",
             "Score distribution by domain",
-            score_chart(figure, report),
+            score_chart(figure, numbers, drawn),
             "Scores as `rescore` computes them with the settings in force, in bins of 0.02; "
             "dashed: the domain's threshold."
             + (
-                f" The {len(drawn)} largest of {len(report.by_domain)} domains (all of them in "
+                f" The {len(drawn)} largest of {len(numbers['domains'])} domains (all of them in "
                 "the tables and in --json)."
-                if len(drawn) < len(report.by_domain)
+                if len(drawn) < len(numbers["domains"])
                 else ""
             ),
         ),
         _chart(
             "acceptance",
             "Acceptance by threshold",
-            acceptance_chart(figure, report, threshold),
+            acceptance_chart(figure, numbers, drawn),
             "Share of scored records accepted (score >= threshold) for every threshold from 0 "
             "to 1, over all domains and per domain, exact from the scores. Dashed: the default "
             "threshold; dotted, in a domain's colour: its own threshold.",
@@ -288,22 +275,20 @@ def render_html(
         _chart(
             "dimensions",
             "Dimensions",
-            dimension_chart(figure, report),
+            dimension_chart(figure, numbers),
             "Each dimension's values over the scored records, in bins of 0.05.",
         ),
         _chart(
             "novelty_sources",
             "Novelty sources",
-            _bar_chart(figure, dict(report.novelty_sources.most_common()), "records", "none"),
+            _bar_chart(figure, numbers["novelty_sources"], "records", "none"),
             "embedding: measured against the domain's recent traces; empty_cache: the first "
             "trace of its domain on its partition.",
         ),
         _chart(
             "dead_letters",
             "Dead letters by kind",
-            _bar_chart(
-                figure, dict(report.dead_letter_kinds.most_common()), "records", "no dead letters"
-            ),
+            _bar_chart(figure, numbers["dead_letters"]["by_kind"], "records", "no dead letters"),
             "Records that could not be scored, by the kind of error (kp-error-kind).",
         ),
     ]

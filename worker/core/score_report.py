@@ -55,34 +55,30 @@ class AcceptanceCurve:
         index = bisect_left(self.thresholds, threshold)
         return self.accepted[index] if index < len(self.accepted) else 0
 
-    def share_at(self, threshold: float) -> float | None:
-        return self.accepted_at(threshold) / self.records if self.records else None
-
     def to_json(self) -> dict[str, Any]:
         grid = [round(i / GRID_STEPS, 2) for i in range(GRID_STEPS + 1)]
         return {
             "records": self.records,
             "steps": {"threshold": self.thresholds, "accepted": self.accepted},
             "grid": [
-                {"threshold": t, "accepted": self.accepted_at(t), "share": self.share_at(t)}
+                {
+                    "threshold": t,
+                    "accepted": self.accepted_at(t),
+                    "share": self.accepted_at(t) / self.records if self.records else None,
+                }
                 for t in grid
             ],
         }
 
 
 @dataclass
-class DomainScores:
-    scores: Counter[float] = field(default_factory=Counter)
-    threshold: float = 0.0  # the configured one (the last seen: they are all the same)
-    accepted: int = 0  # at the configured threshold
-
-
-@dataclass
 class ScoreReport(RescoreSummary):
-    """A :class:`RescoreSummary` that also keeps every score (as counts per value) and the
-    distributions of dimensions, novelty sources and dead-letter kinds."""
+    """A :class:`RescoreSummary` that also keeps every score (as counts per value, by domain)
+    and the distributions of dimensions, novelty sources and dead-letter kinds."""
 
-    by_domain: dict[str, DomainScores] = field(default_factory=dict)
+    domain_scores: dict[str, Counter[float]] = field(default_factory=dict)
+    # The configured threshold of each domain (the last seen: they are all the same).
+    domain_threshold: dict[str, float] = field(default_factory=dict)
     dimension_counts: dict[str, list[int]] = field(
         default_factory=lambda: {name: [0] * DIMENSION_BINS for name in DIMENSIONS}
     )
@@ -95,12 +91,11 @@ class ScoreReport(RescoreSummary):
         if isinstance(result, NotRescored):
             return
         breakdown = result.breakdown
-        domain = self.by_domain.get(result.domain)
-        if domain is None:
-            domain = self.by_domain[result.domain] = DomainScores()
-        domain.scores[breakdown.score] += 1
-        domain.threshold = result.threshold
-        domain.accepted += result.decision is Decision.ACCEPTED
+        scores = self.domain_scores.get(result.domain)
+        if scores is None:
+            scores = self.domain_scores[result.domain] = Counter()
+        scores[breakdown.score] += 1
+        self.domain_threshold[result.domain] = result.threshold
         dimensions = breakdown.dimensions
         for name in DIMENSIONS:
             value = getattr(dimensions, name)
@@ -112,26 +107,13 @@ class ScoreReport(RescoreSummary):
         super().add_dead_letter(kind)
         self.dead_letter_kinds[kind or UNKNOWN_KIND] += 1
 
-    # -- derived ------------------------------------------------------------------------------
-    def all_scores(self) -> Counter[float]:
-        total: Counter[float] = Counter()
-        for domain in self.by_domain.values():
-            total.update(domain.scores)
-        return total
-
-    def curve(self, domain: str | None = None) -> AcceptanceCurve:
-        """Acceptance over every domain (one threshold for all), or over one domain."""
-        return AcceptanceCurve.of(
-            self.all_scores() if domain is None else self.by_domain[domain].scores
-        )
-
-    def domains_by_size(self) -> list[str]:
-        return sorted(self.by_domain, key=lambda d: (-sum(self.by_domain[d].scores.values()), d))
-
     def report_json(self, threshold: float, domain_thresholds: dict[str, float]) -> dict[str, Any]:
-        """Everything the page shows, as numbers (``kp-scorer report --json``)."""
+        """Everything the page shows, as numbers (``kp-scorer report --json``); domains
+        largest first."""
         scored = self.rescored
-        overall = self.curve()
+        every: Counter[float] = Counter()
+        for scores in self.domain_scores.values():
+            every.update(scores)
         return {
             "records": self.records,
             "scored": scored,
@@ -144,16 +126,16 @@ class ScoreReport(RescoreSummary):
                 "default": threshold,
                 "domains": dict(sorted(domain_thresholds.items())),
             },
-            "accepted_at_configured_thresholds": sum(d.accepted for d in self.by_domain.values()),
-            "score": _distribution(self.all_scores()),
+            "accepted_at_configured_thresholds": self.after[Decision.ACCEPTED],
+            "score": _distribution(every),
             "domains": {
                 name: {
-                    "threshold": self.by_domain[name].threshold,
-                    "accepted_at_threshold": self.by_domain[name].accepted,
-                    "score": _distribution(self.by_domain[name].scores),
-                    "acceptance": self.curve(name).to_json(),
+                    "threshold": self.domain_threshold[name],
+                    "accepted_at_threshold": self.domains[name].accepted_after,
+                    "score": _distribution(self.domain_scores[name]),
+                    "acceptance": AcceptanceCurve.of(self.domain_scores[name]).to_json(),
                 }
-                for name in self.domains_by_size()
+                for name in sorted(self.domains, key=lambda d: (-self.domains[d].records, d))
             },
             "dimensions": {
                 name: {
@@ -164,7 +146,7 @@ class ScoreReport(RescoreSummary):
                 for name in DIMENSIONS
             },
             "novelty_sources": dict(self.novelty_sources.most_common()),
-            "acceptance": overall.to_json(),
+            "acceptance": AcceptanceCurve.of(every).to_json(),
         }
 
 
