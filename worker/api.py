@@ -284,11 +284,7 @@ def rescore_output(
     for name, value in given.items():
         if value is not None and not 0.0 <= value <= 1.0:
             raise SettingsError(f"invalid configuration:\n  {name}: {value} is not in [0, 1]")
-    rescorer = Rescorer(
-        load_profiles(settings.profiles_file),
-        settings.accept_threshold if threshold is None else threshold,
-        {**settings.domain_thresholds, **(domain_thresholds or {})},
-    )
+    rescorer = Rescorer.of(settings, threshold, domain_thresholds)
     if isinstance(recorded, Mapping):
         result = rescorer.rescore(dict(recorded))
     else:

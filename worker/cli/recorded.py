@@ -40,7 +40,6 @@ class Recorded:
         --from-topics, or the flags of a topic range without --from-topics, are given together
         (or, ``need_file``, neither: stdin is no default)."""
         from worker.core.rescoring import Rescorer
-        from worker.core.scoring import load_profiles
 
         given = {"topic": self.topics, **self.scope, "output_prefix": self.output_prefix}
         used = [f"--{name.replace('_', '-')}" for name, v in given.items() if v not in (None, ())]
@@ -54,9 +53,7 @@ class Recorded:
         if problem is not None:
             cli.fail(problem)
         settings = cli.checked_settings(what_if["profiles"], what_if["threshold"], logs, True)
-        thresholds = {**settings.domain_thresholds, **dict(what_if["domain_threshold"])}
-        profiles = load_profiles(settings.profiles_file)
-        return settings, Rescorer(profiles, settings.accept_threshold, thresholds)
+        return settings, Rescorer.of(settings, domain_thresholds=dict(what_if["domain_threshold"]))
 
     def read(
         self,

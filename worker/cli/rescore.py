@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from worker.cli import main as cli
-from worker.core.output import HEADER_PREFIX
-from worker.core.records import Decision, SourceRecord
+from worker.core.output import ERROR_KIND_HEADER
+from worker.core.records import Decision
 from worker.core.rescoring import (
     NotRescored,
     Rescored,
@@ -38,8 +38,14 @@ if TYPE_CHECKING:
 BLOCK_BYTES = 1 << 20  # input read (and output written) at a time: whole lines, ~1 MiB
 
 
-def _unrescorable_line(where: dict[str, Any], result: NotRescored) -> bytes:
-    return orjson.dumps({**where, "unrescorable": result.to_json()})
+def _output_line(
+    summary: RescoreSummary, result: Rescored | NotRescored, where: str, at: dict[str, Any]
+) -> bytes:
+    """Count ``result`` and give its line: the re-scored output, or why not (located by ``at``)."""
+    summary.add(result, where)
+    if isinstance(result, Rescored):
+        return result.value
+    return orjson.dumps({**at, "unrescorable": result.to_json()})
 
 
 def rescore_lines(
@@ -64,12 +70,7 @@ def rescore_lines(
                 parts.append(line)
                 continue
             result = rescore(document)
-        if isinstance(result, Rescored):
-            summary.add(result)
-            parts.append(result.value)
-        else:
-            summary.add(result, f"line {index}")
-            parts.append(_unrescorable_line({"line": index}, result))
+        parts.append(_output_line(summary, result, f"line {index}", {"line": index}))
     parts.append(b"")
     return b"\n".join(parts)
 
@@ -99,17 +100,6 @@ def rescore_stream(
     if out is not None:
         out.flush()
     return summary
-
-
-DEAD_LETTER_KIND_HEADER = f"{HEADER_PREFIX}error-kind"
-
-
-def dead_letter_kind(record: SourceRecord) -> str | None:
-    """The error kind of a dead letter (its ``kp-error-kind`` header); None for an output."""
-    for name, value in record.headers:
-        if name == DEAD_LETTER_KIND_HEADER:
-            return value.decode("utf-8", "replace")
-    return None
 
 
 async def rescore_topics(
@@ -162,18 +152,16 @@ async def rescore_topics(
                 for record in chunk:
                     if from_ms is not None and record.timestamp_ms < from_ms:
                         continue  # before the range: a broker may seek by time only roughly
-                    kind = dead_letter_kind(record)
-                    if kind is not None:
-                        summary.add_dead_letter(kind)
+                    kind = next((v for k, v in record.headers if k == ERROR_KIND_HEADER), None)
+                    if kind is not None:  # a dead letter
+                        summary.add_dead_letter(kind.decode("utf-8", "replace"))
                         continue
                     result = rescorer.rescore_value(record.value)
-                    summary.add(result, f"{topic}[{partition}]@{record.offset}")
                     if isinstance(result, Rescored):
                         routed.append(rescored_record(record, result))
-                        lines.append(result.value)
-                    else:
-                        at = {"topic": topic, "partition": partition, "offset": record.offset}
-                        lines.append(_unrescorable_line({"record": at}, result))
+                    at = {"topic": topic, "partition": partition, "offset": record.offset}
+                    where = f"{topic}[{partition}]@{record.offset}"
+                    lines.append(_output_line(summary, result, where, {"record": at}))
                 if publisher is not None and routed:
                     await publisher.publish(routed)
                 if out is not None:

@@ -30,6 +30,7 @@ DEFAULT_MAX_OUTPUT_BYTES = 2_097_152
 # On a dead letter whose input had a null key and that has a null value itself: its key is
 # empty instead (a record needs a key or a value), and this says the original's was null.
 KEY_NULL_HEADER = (f"{HEADER_PREFIX}key-null", b"true")
+ERROR_KIND_HEADER = f"{HEADER_PREFIX}error-kind"  # a dead letter's; `rescore` and `report` read it
 
 _Headers = tuple[tuple[str, bytes], ...]
 
@@ -160,7 +161,7 @@ def _dead_letter(
 
 def dead_letter_headers(record: SourceRecord, error: TraceError) -> tuple[tuple[str, bytes], ...]:
     return (
-        (f"{HEADER_PREFIX}error-kind", error.kind.encode()),
+        (ERROR_KIND_HEADER, error.kind.encode()),
         (f"{HEADER_PREFIX}error-reason", error.reason[:500].encode("utf-8", "replace")),
         (f"{HEADER_PREFIX}source-topic", record.topic.encode()),
         (f"{HEADER_PREFIX}source-partition", str(record.partition).encode()),

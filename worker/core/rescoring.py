@@ -19,13 +19,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from worker import __version__
 from worker.core.errors import TraceError
-from worker.core.output import HEADER_PREFIX, scored_value, verdict_headers
+from worker.core.output import HEADER_PREFIX, producer_headers, scored_value, verdict_headers
 from worker.core.records import Decision, RoutedRecord, SourceRecord
 from worker.core.schema import check_trace_document
 from worker.core.scoring import (
@@ -34,9 +34,13 @@ from worker.core.scoring import (
     NoveltySource,
     ProfileSet,
     ScoreBreakdown,
+    load_profiles,
     score_trace,
 )
 from worker.core.trace import Trace
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
 
 # The same bins as `kp-scorer replay`, so the two summaries read alike.
 DELTA_BINS = (-1.0, -0.2, -0.1, -0.05, -0.01, -1e-12, 1e-12, 0.01, 0.05, 0.1, 0.2, 1.0)
@@ -44,10 +48,6 @@ MAX_EXAMPLES = 20
 _DECISIONS = {d.value: d for d in (Decision.ACCEPTED, Decision.REJECTED)}
 _NOVELTY_SOURCES = {s.value: s for s in NoveltySource}
 _NUMBERS = (float, int)  # as orjson decodes JSON numbers (bool is neither)
-# Headers the worker sets on a scored output; a re-scored record gets its own values.
-_SCORE_HEADERS = frozenset(
-    f"{HEADER_PREFIX}{name}" for name in ("decision", "score", "scorer-version", "rescore-of")
-)
 
 
 # A trace as producers publish it, never scored: `kp-scorer score` (or `replay`) is what it needs.
@@ -114,6 +114,21 @@ class Rescorer:
     profiles: ProfileSet
     threshold: float = 0.75
     domain_thresholds: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        settings: Settings,
+        threshold: float | None = None,
+        domain_thresholds: Mapping[str, float] | None = None,
+    ) -> Rescorer:
+        """The settings' profiles and thresholds, ``threshold`` and ``domain_thresholds`` over
+        them (`rescore`, `report` and the API's ``rescore_output`` alike)."""
+        return cls(
+            load_profiles(settings.profiles_file),
+            settings.accept_threshold if threshold is None else threshold,
+            {**settings.domain_thresholds, **(domain_thresholds or {})},
+        )
 
     def threshold_for(self, domain: str) -> float:
         return self.domain_thresholds.get(domain, self.threshold)
@@ -231,9 +246,10 @@ class Rescorer:
 
 
 def rescored_record(recorded: SourceRecord, rescored: Rescored) -> RoutedRecord:
-    """The record to publish: the recorded output's key and headers, with the new verdict."""
+    """The record to publish: the recorded output's key and headers, with the new verdict (the
+    old one's are the scorer's ``kp-`` headers, the only ones an output has)."""
     headers = (
-        *(h for h in recorded.headers if h[0] not in _SCORE_HEADERS),
+        *producer_headers(recorded.headers),
         *verdict_headers(rescored.decision, rescored.breakdown.score),
         (f"{HEADER_PREFIX}rescore-of", rescored.rescore_of.encode()),
     )
