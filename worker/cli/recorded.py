@@ -61,17 +61,18 @@ class Recorded:
         rescorer: Rescorer,
         out: IO[bytes] | None,
         quiet: bool,
-        summary: RescoreSummary | None = None,
+        summary: RescoreSummary,
         default_topics: Sequence[str] | None = None,
-    ) -> tuple[RescoreSummary, str]:
-        """File mode: the JSONL of scored outputs (or stdin), the same lines re-scored to
-        ``out``. Topic mode: ranges of the topics (default: the accepted/rejected topics, or
-        ``default_topics``), read without a group. With the name of what was read."""
+    ) -> str:
+        """Into ``summary``, in file mode: the JSONL of scored outputs (or stdin), the same
+        lines re-scored to ``out``; in topic mode: ranges of the topics (default: the
+        accepted/rejected topics, or ``default_topics``), read without a group. Gives the name
+        of what was read."""
         from worker.cli.rescore import rescore_stream, rescore_topics
 
         quiet = quiet or not cli.err_console.is_terminal
         if not self.from_topics:
-            found = progress.read_lines_with_progress(
+            progress.read_lines_with_progress(
                 "rescoring",
                 self.file,
                 quiet,
@@ -79,11 +80,11 @@ class Recorded:
                     rescorer, stream, out, advance, summary=summary
                 ),
             )
-            return found, cli.name_of(self.file)
+            return cli.name_of(self.file)
         topics = self.topics or default_topics or (settings.accepted_topic, settings.rejected_topic)
         scope = cli.TopicRange(topics=list(topics), **self.scope)
         prefix = self.output_prefix
-        found = progress.with_record_progress(
+        progress.with_record_progress(
             "rescoring",
             settings,
             lambda advance: asyncio.run(
@@ -91,7 +92,7 @@ class Recorded:
             ),
             quiet=quiet,
         )
-        return found, ", ".join(topics)
+        return ", ".join(topics)
 
 
 def recorded_outputs(topics: str, default_topics: str) -> Callable[[cli.F], cli.F]:
@@ -148,7 +149,7 @@ def rescore(
 ) -> int:
     """Re-score recorded outputs with other settings, from their recorded novelty (no model)."""
     from worker.cli.rescore import print_summary
-    from worker.core.rescoring import RAW_TRACE
+    from worker.core.rescoring import RAW_TRACE, RescoreSummary
 
     settings, rescorer = recorded.start(what_if, "human")
     output = output if output is not None else (None if recorded.from_topics else "-")
@@ -159,7 +160,8 @@ def rescore(
                 out_stream = opened.enter_context(click.open_file(output, "wb"))
             except OSError as exc:
                 cli.fail(f"cannot write {output}: {exc}")
-        summary, source = recorded.read(settings, rescorer, out_stream, quiet)
+        summary = RescoreSummary()
+        source = recorded.read(settings, rescorer, out_stream, quiet, summary)
     # The summary goes to stdout unless the re-scored records do.
     summary_console = cli.err_console if output == "-" else Console()
     if as_json:
@@ -219,7 +221,7 @@ def report(
             cli.fail(str(exc))
     scores = ScoreReport()
     every = (settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic)
-    _, source = recorded.read(settings, rescorer, None, quiet, scores, every)
+    source = recorded.read(settings, rescorer, None, quiet, scores, every)
     numbers = scores.report_json(rescorer.threshold, dict(rescorer.domain_thresholds))
     if output is not None:
         try:

@@ -106,11 +106,11 @@ async def rescore_topics(
     settings: Settings,
     rescorer: Rescorer,
     scope: cli.TopicRange,
-    output_prefix: str | None = None,
-    out: IO[bytes] | None = None,
-    on_progress: Callable[[int, int | None], None] | None = None,
-    summary: RescoreSummary | None = None,
-) -> RescoreSummary:
+    output_prefix: str | None,
+    out: IO[bytes] | None,
+    on_progress: Callable[[int, int | None], None],
+    summary: RescoreSummary,
+) -> None:
     """Re-score ranges of the output topics; optionally publish to ``PREFIX.*`` and/or write
     JSONL. Unrescorable records are counted and written to ``out``, never published; dead
     letters (records with a ``kp-error-kind`` header, as in the dead-letter topic) are
@@ -126,7 +126,6 @@ async def rescore_topics(
 
     reader = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     publisher: Publisher | None = None
-    summary = RescoreSummary() if summary is None else summary
     try:
         await reader.start()
         plan, widest = await scope.plan(reader)
@@ -142,8 +141,7 @@ async def rescore_topics(
             publisher = Publisher(settings, topics, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
             await publisher.start()
         total = scope.total(plan)
-        if on_progress is not None:
-            on_progress(0, total)
+        on_progress(0, total)
         from_ms, end_ms = cli.epoch_ms(scope.from_time), cli.epoch_ms(scope.to_time)
         for topic, partition, start in plan:
             async for chunk in reader.iter_range(topic, partition, start, scope.to_offset, end_ms):
@@ -166,13 +164,11 @@ async def rescore_topics(
                     await publisher.publish(routed)
                 if out is not None:
                     out.write(b"\n".join(lines) + b"\n")
-                if on_progress is not None:
-                    on_progress(len(chunk), total)
+                on_progress(len(chunk), total)
         if out is not None:
             out.flush()
     finally:
         await stop_all(publisher, reader)
-    return summary
 
 
 # --- summary --------------------------------------------------------------------------------
