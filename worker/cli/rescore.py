@@ -27,7 +27,7 @@ from worker.core.rescoring import (
     Rescored,
     Rescorer,
     RescoreSummary,
-    Unrescorable,
+    decoded,
     is_error_line,
     rescored_record,
 )
@@ -48,33 +48,6 @@ def _output_line(
     return orjson.dumps({**at, "unrescorable": result.to_json()})
 
 
-def rescore_lines(
-    rescorer: Rescorer, lines: list[bytes], first_line: int, summary: RescoreSummary
-) -> bytes:
-    """Re-score ``lines`` (numbered from ``first_line``) into output lines."""
-    parts: list[bytes] = []
-    rescore = rescorer.rescore
-    for index, raw in enumerate(lines, start=first_line):
-        line = raw.removesuffix(b"\n").removesuffix(b"\r")
-        try:
-            document = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            result: Rescored | NotRescored = NotRescored(
-                Unrescorable.NOT_AN_OUTPUT, f"not JSON: {str(exc)[:120]}"
-            )
-        else:
-            if type(document) is dict and "error" in document and is_error_line(document):
-                error = document["error"]
-                kind = error.get("kind") if type(error) is dict else None
-                summary.add_dead_letter(kind if type(kind) is str else None)
-                parts.append(line)
-                continue
-            result = rescore(document)
-        parts.append(_output_line(summary, result, f"line {index}", {"line": index}))
-    parts.append(b"")
-    return b"\n".join(parts)
-
-
 def rescore_stream(
     rescorer: Rescorer,
     stream: IO[bytes],
@@ -89,12 +62,25 @@ def rescore_stream(
     JSON and the arithmetic. ``summary`` (a fresh one by default) counts the results.
     """
     summary = RescoreSummary() if summary is None else summary
-    line = 1
+    rescore = rescorer.rescore
+    index = 0
     while lines := stream.readlines(block_bytes):
-        output = rescore_lines(rescorer, lines, line, summary)
+        parts: list[bytes] = []
+        for raw in lines:
+            index += 1
+            line = raw.removesuffix(b"\n").removesuffix(b"\r")
+            document = decoded(line)
+            if type(document) is dict and "error" in document and is_error_line(document):
+                error = document["error"]
+                kind = error.get("kind") if type(error) is dict else None
+                summary.add_dead_letter(kind if type(kind) is str else None)
+                parts.append(line)
+                continue
+            result = document if type(document) is NotRescored else rescore(document)
+            parts.append(_output_line(summary, result, f"line {index}", {"line": index}))
         if out is not None:
-            out.write(output)
-        line += len(lines)
+            parts.append(b"")
+            out.write(b"\n".join(parts))
         if on_progress is not None:
             on_progress(len(lines), sum(map(len, lines)))
     if out is not None:

@@ -93,6 +93,14 @@ def is_error_line(document: Any) -> bool:
     return isinstance(document, dict) and set(document) == {"line", "error"}
 
 
+def decoded(raw: bytes) -> Any:
+    """The JSON of a recorded output, or why it has none (a :class:`NotRescored`)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return NotRescored(Unrescorable.NOT_AN_OUTPUT, f"not JSON: {str(exc)[:120]}")
+
+
 class _Missing(Exception):
     def __init__(self, path: str) -> None:
         self.path = path
@@ -135,11 +143,8 @@ class Rescorer:
 
     def rescore_value(self, raw: bytes | None) -> Rescored | NotRescored:
         """Re-score one recorded output as published (bytes)."""
-        try:
-            document = orjson.loads(raw or b"")
-        except orjson.JSONDecodeError as exc:
-            return NotRescored(Unrescorable.NOT_AN_OUTPUT, f"not JSON: {str(exc)[:120]}")
-        return self.rescore(document)
+        document = decoded(raw or b"")
+        return document if type(document) is NotRescored else self.rescore(document)
 
     def rescore(self, recorded: Any) -> Rescored | NotRescored:
         """Re-score one decoded recorded output (not modified)."""
