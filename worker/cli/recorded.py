@@ -43,15 +43,12 @@ class Recorded:
 
         given = {"topic": self.topics, **self.scope, "output_prefix": self.output_prefix}
         used = [f"--{name.replace('_', '-')}" for name, v in given.items() if v not in (None, ())]
-        problem = None
         if self.from_topics and self.file is not None:
-            problem = "give a FILE or --from-topics, not both"
-        elif used and not self.from_topics:
-            problem = f"{', '.join(used)} need --from-topics"
-        elif need_file and self.file is None and not self.from_topics:
-            problem = "give a FILE of scored outputs or --from-topics"
-        if problem is not None:
-            cli.fail(problem)
+            cli.fail("give a FILE or --from-topics, not both")
+        if used and not self.from_topics:
+            cli.fail(f"{', '.join(used)} need --from-topics")
+        if need_file and self.file is None and not self.from_topics:
+            cli.fail("give a FILE of scored outputs or --from-topics")
         settings = cli.checked_settings(what_if["profiles"], what_if["threshold"], logs, True)
         return settings, Rescorer.of(settings, domain_thresholds=dict(what_if["domain_threshold"]))
 

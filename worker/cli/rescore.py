@@ -193,14 +193,7 @@ def print_summary(console: Console, summary: RescoreSummary, source: str) -> Non
             ),
         )
         for name, tally in ranked[:MAX_DOMAIN_ROWS]:
-            domains.add_row(
-                name,
-                str(tally.records),
-                str(tally.accepted_before),
-                str(tally.accepted_after),
-                str(tally.accepted_to_rejected),
-                str(tally.rejected_to_accepted),
-            )
+            domains.add_row(name, *map(str, vars(tally).values()))  # the columns, in order
         if len(ranked) > MAX_DOMAIN_ROWS:
             domains.caption = f"{len(ranked) - MAX_DOMAIN_ROWS} more domains in --json"
         console.print(domains)
