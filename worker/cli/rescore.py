@@ -70,7 +70,7 @@ def rescore_stream(
             index += 1
             line = raw.removesuffix(b"\n").removesuffix(b"\r")
             document = decoded(line)
-            if type(document) is dict and "error" in document and is_error_line(document):
+            if is_error_line(document):
                 error = document["error"]
                 kind = error.get("kind") if type(error) is dict else None
                 summary.add_dead_letter(kind if type(kind) is str else None)

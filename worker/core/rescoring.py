@@ -89,8 +89,9 @@ class Rescored:
 
 
 def is_error_line(document: Any) -> bool:
-    """A line `kp-scorer score` writes for a record it could not score (never scored)."""
-    return isinstance(document, dict) and set(document) == {"line", "error"}
+    """A line `kp-scorer score` writes for a record it could not score (never scored); the
+    key test first, as nearly every line is an output."""
+    return type(document) is dict and "error" in document and set(document) == {"line", "error"}
 
 
 def decoded(raw: bytes) -> Any:
