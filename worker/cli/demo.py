@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
@@ -28,7 +28,7 @@ from worker.cli import main as cli
 from worker.core.output import output_topics
 from worker.core.records import Decision
 from worker.dev.process import WorkerProcess
-from worker.io.kafka import ensure_topics, topic_partitions
+from worker.io.kafka import client_config, ensure_topics
 from worker.settings import Settings, load_settings
 from worker.stream.timing import STAGES
 
@@ -81,7 +81,7 @@ def _source_of(decision: Decision, message: object) -> tuple[int, int, float | N
 
 
 async def _publish(settings: Settings, traces: list[bytes], rate: float) -> set[tuple[int, int]]:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all")
+    producer = AIOKafkaProducer(**client_config(settings), acks="all")
     await producer.start()
     produced: set[tuple[int, int]] = set()
     try:
@@ -96,19 +96,13 @@ async def _publish(settings: Settings, traces: list[bytes], rate: float) -> set[
 
 
 async def _collect(settings: Settings, accounting: Accounting, timeout: float) -> None:
+    topics = {topic: decision for decision, topic in output_topics(settings).items()}
+    # No group: every partition of the output topics, from its beginning.
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap_servers, enable_auto_commit=False
+        *topics, **client_config(settings), group_id=None, auto_offset_reset="earliest"
     )
     await consumer.start()
     try:
-        topics = {topic: decision for decision, topic in output_topics(settings).items()}
-        partitions = [
-            TopicPartition(topic, p)
-            for topic in topics
-            for p in await topic_partitions(settings, topic)
-        ]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
         deadline = time.monotonic() + timeout
         while not accounting.complete and time.monotonic() < deadline:
             batches = await consumer.getmany(timeout_ms=500)

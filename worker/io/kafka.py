@@ -110,26 +110,19 @@ async def _partitions(admin: AIOKafkaAdminClient, topic: str) -> list[int]:
     return sorted(p["partition"] for p in described.get("partitions", ()))
 
 
-async def topic_partitions(settings: Settings, topic: str) -> list[int]:
-    """The partitions of a topic (none when it does not exist), from the broker's metadata."""
-    async with _admin(settings) as admin:
-        return await _partitions(admin, topic)
-
-
 async def ensure_topics(settings: Settings, output_topics: Sequence[str]) -> int:
     """Create the input topic (if missing) and the output topics; returns input partitions."""
     async with _admin(settings) as admin:
         existing = set(await admin.list_topics())
         if settings.input_topic in existing:
             partitions = len(await _partitions(admin, settings.input_topic)) or 1
-            to_create: list[NewTopic] = []
         else:
             partitions = settings.input_partitions
-            to_create = [NewTopic(settings.input_topic, partitions, settings.replication_factor)]
-        width = settings.output_partitions or partitions
-        to_create += [_output_topic(n, width, settings) for n in output_topics if n not in existing]
-        await _create(admin, to_create)
-        return partitions
+            await _create(
+                admin, [NewTopic(settings.input_topic, partitions, settings.replication_factor)]
+            )
+    await create_topics(settings, output_topics, settings.output_partitions or partitions)
+    return partitions
 
 
 async def create_topics(settings: Settings, names: Sequence[str], partitions: int) -> None:
@@ -232,7 +225,9 @@ class PartitionLogReader:
         return (await self._consumer.beginning_offsets([tp]))[tp]
 
     async def partitions(self, topic: str) -> list[int]:
-        return await topic_partitions(self._settings, topic)
+        """The partitions of a topic (none when it does not exist), from the broker's metadata."""
+        async with _admin(self._settings) as admin:
+            return await _partitions(admin, topic)
 
     async def probe(
         self, partitions: Sequence[tuple[str, int]], timeout: float
