@@ -53,13 +53,6 @@ class ReplaySummary:
         return rows
 
 
-class _NoCommittedOffsets(PartitionLogReader):
-    """The replay owns no group offsets: every partition starts where the range starts."""
-
-    async def committed(self, topic: str, partition: int) -> int | None:
-        return None
-
-
 async def original_decisions(
     settings: Settings, topic: str
 ) -> dict[tuple[int, int], tuple[str, float]]:
@@ -94,7 +87,7 @@ async def _replay(
     (topic,) = scope.topics
     topics = prefixed_topics(output_prefix)
     iterate = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
-    lookup = _NoCommittedOffsets(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
+    lookup = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     publisher = Publisher(settings, topics, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     summary = ReplaySummary()
     try:

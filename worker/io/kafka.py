@@ -193,6 +193,7 @@ class PartitionLogReader:
         """``give_up_after_seconds``: the longest one request may wait for an answer (a
         command run by hand); None keeps the client's default (the worker)."""
         self._settings = settings
+        self._group_id = group_id
         unreadable.install(settings.max_batch_bytes)
         timeout: dict[str, int] = {}
         if give_up_after_seconds is not None:
@@ -217,7 +218,10 @@ class PartitionLogReader:
         await stop_client(self._consumer, "log reader")
 
     async def committed(self, topic: str, partition: int) -> int | None:
-        """The group's committed offset (needs the reader to be built with that group id)."""
+        """The group's committed offset; None from a reader built with no group (a replay
+        owns no offsets: every partition starts where its range starts)."""
+        if self._group_id is None:
+            return None
         return await self._consumer.committed(TopicPartition(topic, partition))
 
     async def first_offset(self, topic: str, partition: int) -> int:
