@@ -37,14 +37,12 @@ MAX_IDLE_FETCHES = 30
 COMMAND_GIVE_UP_SECONDS = MAX_IDLE_FETCHES * FETCH_TIMEOUT_MS / 1000
 
 
-async def stop_client(
-    client: AIOKafkaConsumer | AIOKafkaProducer, name: str, timeout: float = STOP_TIMEOUT_SECONDS
-) -> None:
+async def stop_client(client: AIOKafkaConsumer | AIOKafkaProducer, name: str) -> None:
     """Stop a client without hanging on, or masking the error that ended the work with, a
     broker that is gone: aiokafka's stop then waits on it, or lets its fetch task's
     cancellation escape. Whatever was not delivered was not acknowledged either."""
     try:
-        await asyncio.wait_for(client.stop(), timeout)
+        await asyncio.wait_for(client.stop(), STOP_TIMEOUT_SECONDS)
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
