@@ -15,7 +15,6 @@ import os
 import socket
 import struct
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import BinaryIO
@@ -71,7 +70,6 @@ class EmbeddedBroker:
         self._log_path: Path | None = None
         self._log_offset = 0
         self._process: subprocess.Popen[bytes] | None = None
-        self._lock = threading.Lock()
 
     @property
     def bootstrap_servers(self) -> str:
@@ -97,36 +95,34 @@ class EmbeddedBroker:
         ApiVersions request on its port answers error 0. The log check matters: a broker that
         failed to bind would otherwise be "ready" through whatever else holds the port.
         """
-        with self._lock:
-            if self.is_running():
+        if self.is_running():
+            return
+        binary = _broker_binary()
+        deadline = time.monotonic() + timeout
+        self._open_log()
+        self._stop_process(timeout=0)  # reap a process that exited on its own
+        attempts_left = 1 if self._fixed_port else _PORT_ATTEMPTS
+        while True:
+            attempts_left -= 1
+            self._launch(binary)
+            outcome = self._await_ready(deadline)
+            if outcome == "ready":
+                _running.add(self)
                 return
-            binary = _broker_binary()
-            deadline = time.monotonic() + timeout
-            self._open_log()
-            self._stop_process(timeout=0)  # reap a process that exited on its own
-            attempts_left = 1 if self._fixed_port else _PORT_ATTEMPTS
-            while True:
-                attempts_left -= 1
-                self._launch(binary)
-                outcome = self._await_ready(deadline)
-                if outcome == "ready":
-                    _running.add(self)
-                    return
-                if outcome == "port_taken" and attempts_left > 0:
-                    # Another process took the port between choosing it and binding it.
-                    self.port = free_loopback_port()
-                    continue
-                log_tail = self._read_log()[-_LOG_TAIL_CHARS:]
-                self._stop_process(timeout=5.0)
-                self._remove_owned_log()
-                raise BrokerStartError(self._failure_message(outcome, timeout, log_tail))
+            if outcome == "port_taken" and attempts_left > 0:
+                # Another process took the port between choosing it and binding it.
+                self.port = free_loopback_port()
+                continue
+            log_tail = self._read_log()[-_LOG_TAIL_CHARS:]
+            self._stop_process(timeout=5.0)
+            self._remove_owned_log()
+            raise BrokerStartError(self._failure_message(outcome, timeout, log_tail))
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM the broker, SIGKILL it after ``timeout`` seconds; safe to call repeatedly."""
-        with self._lock:
-            self._stop_process(timeout)
-            self._remove_owned_log()
-            _running.discard(self)
+        self._stop_process(timeout)
+        self._remove_owned_log()
+        _running.discard(self)
 
     def __enter__(self) -> EmbeddedBroker:
         self.start()
@@ -134,10 +130,6 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    def __repr__(self) -> str:
-        state = "running" if self.is_running() else "stopped"
-        return f"EmbeddedBroker({self.bootstrap_servers}, {state}, pid={self.pid})"
 
     # -- internals ---------------------------------------------------------------------------
 
