@@ -29,7 +29,7 @@ from worker.core.output import output_topics
 from worker.core.records import Decision
 from worker.dev.process import WorkerProcess
 from worker.io.kafka import client_config, ensure_topics
-from worker.settings import Settings, load_settings
+from worker.settings import Settings
 from worker.stream.timing import STAGES
 
 # The summary goes to stdout; progress notes and errors go to stderr (cli.say), so `kp-scorer
@@ -217,6 +217,8 @@ def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: S
 def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -> int:
     from worker.logs import configure_logging
 
+    # A bad setting ends the demo in one line, before a broker or a worker is started.
+    settings = cli.checked_settings(logs=None)
     # The worker's JSON log goes to its own file; what the Kafka clients of the demo itself
     # warn of is said in plain lines.
     configure_logging("WARNING", human=True)
@@ -235,8 +237,8 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
         log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
         worker = WorkerProcess(broker.bootstrap_servers, log_path=log)
         port = worker.metrics_port
-        settings = load_settings(
-            kafka_bootstrap_servers=broker.bootstrap_servers, metrics_port=port
+        settings = settings.model_copy(
+            update={"kafka_bootstrap_servers": broker.bootstrap_servers, "metrics_port": port}
         )
         cli.say(f"broker ready at {broker.bootstrap_servers}")
         asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))

@@ -427,6 +427,18 @@ def test_demo_missing_records_err_on_stderr_and_the_summary_stays_on_stdout(
     assert "Score distribution" in captured.out
 
 
+def test_demo_with_a_bad_setting_ends_in_one_line_before_starting_anything(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KP_ACCEPT_THRESHOLD", "9")
+    assert main(["demo", "--timeout", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "kp-scorer: invalid configuration" in err and "KP_ACCEPT_THRESHOLD" in err
+    assert "broker ready" not in err
+
+
 # --- the summary of `score` -----------------------------------------------------------------
 
 
