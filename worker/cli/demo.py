@@ -234,20 +234,16 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
     samples = [line for line in path.read_bytes().splitlines() if line.strip()]
 
     with EmbeddedBroker() as broker:
-        log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
-        worker = WorkerProcess(broker.bootstrap_servers, log_path=log)
-        port = worker.metrics_port
-        settings = settings.model_copy(
-            update={"kafka_bootstrap_servers": broker.bootstrap_servers, "metrics_port": port}
-        )
+        settings = settings.model_copy(update={"kafka_bootstrap_servers": broker.bootstrap_servers})
         cli.say(f"broker ready at {broker.bootstrap_servers}")
         asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))
-        worker.start()
-        cli.say(
-            f"worker started (pid {worker.pid}, log {log}); "
-            f"metrics at http://127.0.0.1:{port}/metrics"
-        )
-        try:
+        log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
+        with WorkerProcess(broker.bootstrap_servers, log_path=log) as worker:
+            port = worker.metrics_port
+            cli.say(
+                f"worker started (pid {worker.pid}, log {log}); "
+                f"metrics at http://127.0.0.1:{port}/metrics"
+            )
             try:
                 worker.wait_ready(timeout)
             except (TimeoutError, RuntimeError):
@@ -279,5 +275,3 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
                     assert worker.process is not None
                     worker.process.wait()
             return 0 if accounting.complete else 1
-        finally:
-            worker.stop()

@@ -374,6 +374,12 @@ class FakeWorker:
     def stop(self) -> int:
         return 0
 
+    def __enter__(self) -> FakeWorker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 @pytest.fixture
 def fake_demo(monkeypatch: pytest.MonkeyPatch) -> type[FakeWorker]:
