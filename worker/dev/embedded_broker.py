@@ -67,7 +67,8 @@ class EmbeddedBroker:
         # Another one puts something in between, e.g. a fault-injecting proxy in tests.
         self.advertised_port = advertised_port
         self._log_path_given = log_path
-        self._log_path: Path | None = None
+        # Where the broker's output goes while it runs.
+        self.log_path: Path | None = None
         self._log_offset = 0
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -75,11 +76,6 @@ class EmbeddedBroker:
     def bootstrap_servers(self) -> str:
         """``127.0.0.1:PORT`` (final once :meth:`start` has returned)."""
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path | None:
-        """Where the broker's output goes while it runs."""
-        return self._log_path
 
     @property
     def pid(self) -> int | None:
@@ -135,20 +131,20 @@ class EmbeddedBroker:
 
     def _open_log(self) -> None:
         if self._log_path_given is not None:
-            self._log_path = self._log_path_given
-            self._log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_path.touch()
-        elif self._log_path is None or not self._log_path.exists():
-            self._log_path = temporary_log("kp-broker-")
+            self.log_path = self._log_path_given
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_path.touch()
+        elif self.log_path is None or not self.log_path.exists():
+            self.log_path = temporary_log("kp-broker-")
 
     def _launch(self, binary: str) -> None:
-        assert self._log_path is not None
+        assert self.log_path is not None
         url = f"tcp://127.0.0.1:{self.port}"
         advertised = f"tcp://127.0.0.1:{self.advertised_port or self.port}"
         # Remember where this attempt's output starts: a given log file is appended to.
-        self._log_offset = self._log_path.stat().st_size
+        self._log_offset = self.log_path.stat().st_size
         env = {**os.environ, "NO_COLOR": "1"}
-        with self._log_path.open("ab") as log:
+        with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 [
                     binary,
@@ -190,10 +186,10 @@ class EmbeddedBroker:
             time.sleep(_POLL_SECONDS)
 
     def _read_log(self) -> str:
-        if self._log_path is None:
+        if self.log_path is None:
             return ""
         try:
-            with self._log_path.open("rb") as log:
+            with self.log_path.open("rb") as log:
                 log.seek(self._log_offset)
                 return log.read().decode("utf-8", errors="replace")
         except FileNotFoundError:
@@ -220,9 +216,9 @@ class EmbeddedBroker:
             self._process = None
 
     def _remove_owned_log(self) -> None:
-        if self._log_path_given is None and self._log_path is not None:
-            self._log_path.unlink(missing_ok=True)
-            self._log_path = None
+        if self._log_path_given is None and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+            self.log_path = None
 
 
 # Brokers still running at interpreter exit are stopped, so a crashed demo or test session
