@@ -53,13 +53,6 @@ def _flat(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def utc_timestamp(created: float) -> str:
-    """ISO 8601 in UTC with milliseconds (``2026-11-27T02:21:56.123Z``): lines from pods in
-    different zones sort and compare as they are, and a burst within one second stays in order."""
-    moment = datetime.fromtimestamp(created, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-
-
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     """The structured fields a call gave with ``extra=``."""
     return {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
@@ -69,8 +62,11 @@ class JsonFormatter(logging.Formatter):
     """The worker's log: one JSON object a line, for log pipelines."""
 
     def format(self, record: logging.LogRecord) -> str:
+        # ISO 8601 in UTC with milliseconds: lines from pods in different zones sort and
+        # compare as they are, and a burst within one second stays in order.
+        moment = datetime.fromtimestamp(record.created, UTC)
         entry: dict[str, Any] = {
-            "ts": utc_timestamp(record.created),
+            "ts": moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
@@ -179,10 +175,7 @@ class LibraryDebugFilter(logging.Filter):
     others before their messages are even formatted."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.INFO:
-            return True
-        name = record.name
-        return _within(name, (OWN_LOGGER,))
+        return record.levelno >= logging.INFO or _within(record.name, (OWN_LOGGER,))
 
 
 # What mode's services (faust's app, worker, consumer, agents, ...) prefix to every line they

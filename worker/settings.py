@@ -253,13 +253,6 @@ class Settings(BaseSettings):
     def resolved_embed_concurrency(self) -> int:
         return self.embed_concurrency or os.cpu_count() or 1
 
-    def masked(self) -> dict[str, object]:
-        """Printable form: secrets shown as '**********'."""
-        return {
-            name: ("**********" if isinstance(value, SecretStr) else value)
-            for name, value in self.model_dump().items()
-        }
-
 
 def env_name(field: str) -> str:
     # Errors of an aliased field are located by the alias (the variable name) itself.
@@ -323,9 +316,9 @@ def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]
 
 
 def by_variable(settings: Settings) -> dict[str, object]:
-    """The effective values keyed by the variable that sets each, secrets masked: what an
-    operator would export to get this configuration."""
-    return {env_name(name): value for name, value in settings.masked().items()}
+    """The effective values keyed by the variable that sets each: what an operator would
+    export to get this configuration. A secret stays a SecretStr, printed as '**********'."""
+    return {env_name(name): value for name, value in settings.model_dump().items()}
 
 
 # What an optional setting left unset means, for `kp-scorer settings`.

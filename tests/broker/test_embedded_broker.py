@@ -13,15 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from worker.dev.embedded_broker import (
-    BrokerStartError,
-    EmbeddedBroker,
-    KafkaUnreachableError,
-    api_versions,
-    wait_for_kafka,
-)
+from worker.dev.embedded_broker import BrokerStartError, EmbeddedBroker, api_versions
 from worker.dev.process import free_loopback_port
 
+from support.broker_probe import KafkaUnreachableError, wait_for_kafka
 from support.kafka_helpers import consume_all, create_topics, produce
 
 

@@ -422,14 +422,10 @@ MUTANTS: tuple[Mutant, ...] = (
         promise="No trace content in logs at any level: libraries are held at INFO",
         path="worker/logs.py",
         old="""\
-        if record.levelno >= logging.INFO:
-            return True
-        name = record.name
+        return record.levelno >= logging.INFO or _within(record.name, (OWN_LOGGER,))
 """,
         new="""\
-        if record.levelno >= logging.DEBUG:
-            return True
-        name = record.name
+        return record.levelno >= logging.DEBUG or _within(record.name, (OWN_LOGGER,))
 """,
         tests=(
             "tests/unit/test_log_levels.py::"

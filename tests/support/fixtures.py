@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from worker.dev.embedded_broker import EmbeddedBroker, wait_for_kafka
+from worker.dev.embedded_broker import EmbeddedBroker
+
+from support.broker_probe import wait_for_kafka
 
 KAFKA_IMAGE = os.environ.get("KP_TEST_KAFKA_IMAGE", "confluentinc/cp-kafka:7.6.1")
 READY_TIMEOUT_SECONDS = 30.0

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
@@ -28,8 +28,8 @@ from worker.cli import main as cli
 from worker.core.output import output_topics
 from worker.core.records import Decision
 from worker.dev.process import WorkerProcess
-from worker.io.kafka import ensure_topics, topic_partitions
-from worker.settings import Settings, load_settings
+from worker.io.kafka import client_config, ensure_topics
+from worker.settings import Settings
 from worker.stream.timing import STAGES
 
 # The summary goes to stdout; progress notes and errors go to stderr (cli.say), so `kp-scorer
@@ -81,7 +81,7 @@ def _source_of(decision: Decision, message: object) -> tuple[int, int, float | N
 
 
 async def _publish(settings: Settings, traces: list[bytes], rate: float) -> set[tuple[int, int]]:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all")
+    producer = AIOKafkaProducer(**client_config(settings), acks="all")
     await producer.start()
     produced: set[tuple[int, int]] = set()
     try:
@@ -96,19 +96,13 @@ async def _publish(settings: Settings, traces: list[bytes], rate: float) -> set[
 
 
 async def _collect(settings: Settings, accounting: Accounting, timeout: float) -> None:
+    topics = {topic: decision for decision, topic in output_topics(settings).items()}
+    # No group: every partition of the output topics, from its beginning.
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap_servers, enable_auto_commit=False
+        *topics, **client_config(settings), group_id=None, auto_offset_reset="earliest"
     )
     await consumer.start()
     try:
-        topics = {topic: decision for decision, topic in output_topics(settings).items()}
-        partitions = [
-            TopicPartition(topic, p)
-            for topic in topics
-            for p in await topic_partitions(settings, topic)
-        ]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
         deadline = time.monotonic() + timeout
         while not accounting.complete and time.monotonic() < deadline:
             batches = await consumer.getmany(timeout_ms=500)
@@ -223,6 +217,8 @@ def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: S
 def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -> int:
     from worker.logs import configure_logging
 
+    # A bad setting ends the demo in one line, before a broker or a worker is started.
+    settings = cli.checked_settings(logs=None)
     # The worker's JSON log goes to its own file; what the Kafka clients of the demo itself
     # warn of is said in plain lines.
     configure_logging("WARNING", human=True)
@@ -238,20 +234,16 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
     samples = [line for line in path.read_bytes().splitlines() if line.strip()]
 
     with EmbeddedBroker() as broker:
-        log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
-        worker = WorkerProcess(broker.bootstrap_servers, log_path=log)
-        port = worker.metrics_port
-        settings = load_settings(
-            kafka_bootstrap_servers=broker.bootstrap_servers, metrics_port=port
-        )
+        settings = settings.model_copy(update={"kafka_bootstrap_servers": broker.bootstrap_servers})
         cli.say(f"broker ready at {broker.bootstrap_servers}")
         asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))
-        worker.start()
-        cli.say(
-            f"worker started (pid {worker.pid}, log {log}); "
-            f"metrics at http://127.0.0.1:{port}/metrics"
-        )
-        try:
+        log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
+        with WorkerProcess(broker.bootstrap_servers, log_path=log) as worker:
+            port = worker.metrics_port
+            cli.say(
+                f"worker started (pid {worker.pid}, log {log}); "
+                f"metrics at http://127.0.0.1:{port}/metrics"
+            )
             try:
                 worker.wait_ready(timeout)
             except (TimeoutError, RuntimeError):
@@ -283,5 +275,3 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
                     assert worker.process is not None
                     worker.process.wait()
             return 0 if accounting.complete else 1
-        finally:
-            worker.stop()

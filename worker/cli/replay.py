@@ -53,34 +53,22 @@ class ReplaySummary:
         return rows
 
 
-class _NoCommittedOffsets(PartitionLogReader):
-    """The replay owns no group offsets: every partition starts where the range starts."""
-
-    async def committed(self, topic: str, partition: int) -> int | None:
-        return None
-
-
 async def original_decisions(
-    settings: Settings, topic: str
+    settings: Settings, reader: PartitionLogReader, topic: str
 ) -> dict[tuple[int, int], tuple[str, float]]:
     """(partition, offset) -> (decision, score) from the live accepted/rejected topics."""
-    reader = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     found: dict[tuple[int, int], tuple[str, float]] = {}
-    try:
-        await reader.start()
-        for decision, output in output_topics(settings).items():
-            if decision is Decision.DEAD_LETTER:
-                continue
-            for partition in await reader.partitions(output):
-                async for chunk in reader.iter_range(output, partition, 0):
-                    for record in chunk:
-                        value = orjson.loads(record.value or b"{}")
-                        source = value.get("source", {})
-                        if source.get("topic") == topic:
-                            key = (source["partition"], source["offset"])
-                            found.setdefault(key, (decision.value, value["score"]["score"]))
-    finally:
-        await stop_all(reader)
+    for decision, output in output_topics(settings).items():
+        if decision is Decision.DEAD_LETTER:
+            continue
+        for partition in await reader.partitions(output):
+            async for chunk in reader.iter_range(output, partition, 0):
+                for record in chunk:
+                    value = orjson.loads(record.value or b"{}")
+                    source = value.get("source", {})
+                    if source.get("topic") == topic:
+                        key = (source["partition"], source["offset"])
+                        found.setdefault(key, (decision.value, value["score"]["score"]))
     return found
 
 
@@ -94,7 +82,7 @@ async def _replay(
     (topic,) = scope.topics
     topics = prefixed_topics(output_prefix)
     iterate = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
-    lookup = _NoCommittedOffsets(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
+    lookup = PartitionLogReader(settings, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     publisher = Publisher(settings, topics, give_up_after_seconds=COMMAND_GIVE_UP_SECONDS)
     summary = ReplaySummary()
     try:
@@ -102,7 +90,7 @@ async def _replay(
         await lookup.start()
         plan, widest = await scope.plan(iterate)
         await create_topics(settings, list(topics.values()), len(scope.partitions or ()) or widest)
-        original = await original_decisions(settings, topic)
+        original = await original_decisions(settings, iterate, topic)
         summary.original_found = bool(original)
         await publisher.start()
         stream = StreamScorer(scorer, lookup, publisher)

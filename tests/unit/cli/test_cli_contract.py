@@ -374,6 +374,12 @@ class FakeWorker:
     def stop(self) -> int:
         return 0
 
+    def __enter__(self) -> FakeWorker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 @pytest.fixture
 def fake_demo(monkeypatch: pytest.MonkeyPatch) -> type[FakeWorker]:
@@ -425,6 +431,18 @@ def test_demo_missing_records_err_on_stderr_and_the_summary_stays_on_stdout(
     assert "reached no output" not in captured.out
     assert "Where every input record went" in captured.out
     assert "Score distribution" in captured.out
+
+
+def test_demo_with_a_bad_setting_ends_in_one_line_before_starting_anything(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KP_ACCEPT_THRESHOLD", "9")
+    assert main(["demo", "--timeout", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "kp-scorer: invalid configuration" in err and "KP_ACCEPT_THRESHOLD" in err
+    assert "broker ready" not in err
 
 
 # --- the summary of `score` -----------------------------------------------------------------
