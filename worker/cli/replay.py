@@ -13,7 +13,6 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from worker.cli import main as cli
 from worker.cli import progress
 from worker.core.output import output_topics, prefixed_topics
 from worker.core.records import Decision, RoutedRecord
-from worker.core.rescoring import DELTA_BINS
+from worker.core.rescoring import DELTA_BINS, delta_bin, delta_rows
 from worker.core.scorer import Scorer
 from worker.io.kafka import COMMAND_GIVE_UP_SECONDS, PartitionLogReader, create_topics, stop_all
 from worker.io.publisher import Publisher
@@ -40,17 +39,12 @@ class ReplaySummary:
     compared: int = 0
     accept_to_reject: int = 0
     reject_to_accept: int = 0
-    deltas: list[float] = field(default_factory=list)
+    histogram: list[int] = field(default_factory=lambda: [0] * (len(DELTA_BINS) - 1))
     original_found: bool = False
     records: int = 0
 
     def delta_histogram(self) -> list[tuple[str, int]]:
-        rows = []
-        for low, high in pairwise(DELTA_BINS):
-            count = sum(1 for d in self.deltas if low <= d < high or (high == 1.0 and d == 1.0))
-            label = "unchanged" if low == -1e-12 else f"[{low:+.2f}, {high:+.2f})"
-            rows.append((label, count))
-        return rows
+        return [(label, count) for label, _, _, count in delta_rows(self.histogram)]
 
 
 async def original_decisions(
@@ -123,7 +117,7 @@ def _tally(
             continue
         summary.compared += 1
         old_decision, old_score = before
-        summary.deltas.append(record.breakdown.score - old_score)
+        summary.histogram[delta_bin(record.breakdown.score - old_score)] += 1
         if old_decision == "accepted" and record.decision is Decision.REJECTED:
             summary.accept_to_reject += 1
         elif old_decision == "rejected" and record.decision is Decision.ACCEPTED:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from itertools import pairwise
@@ -44,6 +44,22 @@ if TYPE_CHECKING:
 
 # The same bins as `kp-scorer replay`, so the two summaries read alike.
 DELTA_BINS = (-1.0, -0.2, -0.1, -0.05, -0.01, -1e-12, 1e-12, 0.01, 0.05, 0.1, 0.2, 1.0)
+
+
+def delta_bin(delta: float) -> int:
+    """The index of a score change's bin in ``DELTA_BINS``: [low, high), the last one closed."""
+    return min(max(bisect_right(DELTA_BINS, delta) - 1, 0), len(DELTA_BINS) - 2)
+
+
+def delta_rows(histogram: Sequence[int]) -> list[tuple[str, float, float, int]]:
+    """(label, low, high, records) per bin of a ``delta_bin`` histogram; the bin around 0 is
+    "unchanged"."""
+    return [
+        ("unchanged" if low == -1e-12 else f"[{low:+.2f}, {high:+.2f})", low, high, count)
+        for (low, high), count in zip(pairwise(DELTA_BINS), histogram, strict=True)
+    ]
+
+
 MAX_EXAMPLES = 20
 _DECISIONS = {d.value: d for d in (Decision.ACCEPTED, Decision.REJECTED)}
 _NOVELTY_SOURCES = {s.value: s for s in NoveltySource}
@@ -334,8 +350,7 @@ class RescoreSummary:
         self.delta_sum += delta
         self.delta_min = min(self.delta_min, delta)
         self.delta_max = max(self.delta_max, delta)
-        index = min(max(bisect_right(DELTA_BINS, delta) - 1, 0), len(self.histogram) - 1)
-        self.histogram[index] += 1
+        self.histogram[delta_bin(delta)] += 1
 
     def add_dead_letter(self, kind: str | None) -> None:
         """Count one dead letter (a `score` error line, or a record of the dead-letter topic):
@@ -344,12 +359,7 @@ class RescoreSummary:
         self.dead_letters += 1
 
     def delta_histogram(self) -> list[tuple[str, float, float, int]]:
-        """(label, low, high, records) per bin; bins are [low, high), the last one closed; the
-        bin around 0 is "unchanged"."""
-        return [
-            ("unchanged" if low == -1e-12 else f"[{low:+.2f}, {high:+.2f})", low, high, count)
-            for (low, high), count in zip(pairwise(DELTA_BINS), self.histogram, strict=True)
-        ]
+        return delta_rows(self.histogram)
 
     def to_json(self) -> dict[str, Any]:
         rescored = self.rescored

@@ -343,3 +343,25 @@ def test_cli_rejects_a_bad_domain_threshold(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["rescore", "x.jsonl", "--domain-threshold", "finance=1.5"])
     assert "DOMAIN=THRESHOLD" in capsys.readouterr().err
+
+
+def test_replay_bins_score_changes_as_rescore_does() -> None:
+    """Both commands print the same "score change" table: [low, high) bins, the last one
+    closed, "unchanged" around 0."""
+    from worker.cli.replay import ReplaySummary
+    from worker.core.rescoring import delta_bin, delta_rows
+
+    deltas = [-1.0, -0.2, -0.15, -1e-12, 0.0, 0.01, 0.2, 0.9999, 1.0]
+    replay = ReplaySummary()
+    for delta in deltas:
+        replay.histogram[delta_bin(delta)] += 1
+    rows = dict(replay.delta_histogram())
+    assert rows["[-1.00, -0.20)"] == 1  # -1.0
+    assert rows["[-0.20, -0.10)"] == 2  # -0.2 and -0.15: a bin's low edge is inside it
+    assert rows["unchanged"] == 2  # -1e-12 and 0.0
+    assert rows["[+0.01, +0.05)"] == 1
+    assert rows["[+0.20, +1.00)"] == 3  # 0.2, 0.9999 and 1.0: the last bin is closed
+    assert sum(rows.values()) == len(deltas)
+    assert [(label, count) for label, _, _, count in delta_rows(replay.histogram)] == list(
+        replay.delta_histogram()
+    )
