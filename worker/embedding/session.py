@@ -1,7 +1,7 @@
 """The one place that builds onnxruntime sessions: execution providers and session options.
 
-The worker, the staged model, the int8 derivation and the benches all open their sessions
-through :class:`SessionFactory`, so every run meets the same options.
+The worker, the model build and the benches all open their sessions through
+:class:`SessionFactory` (or its options), so every run meets the same options.
 """
 
 from __future__ import annotations
