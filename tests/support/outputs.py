@@ -35,8 +35,7 @@ class Output:
 def _output(decision: str, message: Any) -> Output:
     headers = {k: bytes(v) for k, v in (message.headers or ())}
     if decision == "dead_letter":
-        partition = int(headers["kp-source-partition"])
-        offset = int(headers["kp-source-offset"])
+        partition, offset = _dead_letter_source(headers)
     else:
         source = orjson.loads(message.value)["source"]
         partition, offset = source["partition"], source["offset"]
@@ -98,10 +97,10 @@ def first_by_source(outputs: list[Output]) -> dict[tuple[int, int], Output]:
 
 async def outputs_by_trace_id(
     bootstrap: str, topics: list[str], wanted: set[str], timeout: float
-) -> dict[str, list[tuple[str, float | None]]]:
-    """trace id -> (output topic, score) of each of its outputs, read from the beginning of
-    ``topics`` until every wanted id has one. A dead letter without a value is keyed
-    ``dead:<record key>`` and has no score."""
+) -> dict[str, list[tuple[str, float | None, tuple[int, int]]]]:
+    """trace id -> (output topic, score, source (partition, offset)) of each of its outputs,
+    read from the beginning of ``topics`` until every wanted id has one. A dead letter
+    without a value is keyed ``dead:<record key>`` and has no score."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     outputs: dict[str, list[tuple[str, float | None]]] = {}
@@ -113,12 +112,22 @@ async def outputs_by_trace_id(
         while time.monotonic() < deadline and not wanted <= set(outputs):
             for messages in (await consumer.getmany(timeout_ms=300)).values():
                 for m in messages:
+                    headers = {k: bytes(v) for k, v in (m.headers or ())}
                     if not m.value:
-                        outputs.setdefault(f"dead:{m.key!r}", []).append((m.topic, None))
+                        source = _dead_letter_source(headers)
+                        outputs.setdefault(f"dead:{m.key!r}", []).append((m.topic, None, source))
                         continue
                     value = orjson.loads(m.value)
-                    score = value["score"]["score"] if "score" in value else None
-                    outputs.setdefault(value["trace"]["id"], []).append((m.topic, score))
+                    if "score" in value:
+                        score = value["score"]["score"]
+                        source = (value["source"]["partition"], value["source"]["offset"])
+                    else:
+                        score, source = None, _dead_letter_source(headers)
+                    outputs.setdefault(value["trace"]["id"], []).append((m.topic, score, source))
     finally:
         await consumer.stop()
     return outputs
+
+
+def _dead_letter_source(headers: dict[str, bytes]) -> tuple[int, int]:
+    return int(headers["kp-source-partition"]), int(headers["kp-source-offset"])
