@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -38,6 +39,33 @@ def machine_line() -> str:
         f"{platform.machine()}, {os.cpu_count()} cpus ({model}), {mem_gib:.1f} GiB, "
         f"Python {platform.python_version()}, {versions}"
     )
+
+
+def cpu_list(text: str) -> set[int]:
+    """``0,2-3`` -> {0, 2, 3}, as taskset and /proc's Cpus_allowed_list write CPUs."""
+    cpus: set[int] = set()
+    for item in text.split(","):
+        first, _, last = item.strip().partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    unknown = cpus - os.sched_getaffinity(0)
+    if unknown:
+        raise ValueError(f"CPUs {sorted(unknown)} are not available here")
+    return cpus
+
+
+@contextlib.contextmanager
+def pinned(cpus: set[int] | None) -> Iterator[None]:
+    """Run the block on ``cpus`` (None: where it is): what it starts (a process, a thread,
+    an onnxruntime session's threads) inherits the calling thread's CPUs, and keeps them."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _version(name: str) -> str:

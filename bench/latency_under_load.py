@@ -4,6 +4,7 @@
                                        [--env KEY=VALUE ...] [--rate R] [--loads 0.25,0.5,0.8]
                                        [--per-phase N] [--max-rate-records N]
                                        [--arrivals poisson|even] [--repeat-texts]
+                                       [--others-cpus LIST]
 
 On the embedded broker, one `kp-scorer worker` subprocess per configuration, each on its
 own 4-partition topics, all started up front (an idle worker costs next to nothing). A
@@ -49,6 +50,13 @@ a backlog's rate; --sim-repeats timings per text) while the workers idle; each p
 times then run through budget_floor's fluid model of the embedder as shipped (each trace's
 work is its example text's), and "worker p99 / simulated p99" says how much of the worker's
 p99 the model alone accounts for on those arrivals (1.0: all of it).
+
+Pinned apart (Linux): `--others-cpus 2,3` runs this process (the load generator) and the
+broker on those CPUs, and a configuration's `CPUS=0-1` (a bench key, not a worker setting)
+runs its worker on its own, e.g. `--others-cpus 2,3 --config apart:CPUS=0-1 --config
+shared:CPUS=2,3` compares a worker alone on two cores with one sharing them with the broker
+and the load generator, in one run. The model alone is measured on the first configuration's
+CPUs.
 
 Target, at 50 % load: worker p99 <= 100 ms, end-to-end p99 <= 150 ms and breaches < 1 %.
 """
@@ -97,6 +105,7 @@ class Config:
     topics: _worker.Topics = field(
         default_factory=lambda: _worker.Topics(f"bench-lat-{uuid.uuid4().hex[:8]}")
     )
+    cpus: set[int] | None = None  # where its worker runs (None: anywhere)
     worker: _worker.Worker | None = None
     count: _worker.OutputCount | None = None
     acknowledged: int = 0  # outputs the worker has had acknowledged so far (its count)
@@ -355,7 +364,8 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
             # Each output carries its stages (kp-timing-ms), read back per record.
             env = {"KP_TIMING_HEADER": "true", **config.env}
             config.worker = _worker.Worker(bootstrap, **config.topics.worker_env(), **env)
-            config.worker.start()
+            with _machine.pinned(config.cpus):
+                config.worker.start()
         for config in configs:
             assert config.worker is not None
             await config.worker.wait_serving()
@@ -367,7 +377,8 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
         engine = None
         if not (args.no_simulation or args.repeat_texts):  # repeated texts run no model
             examples = [line for line in _corpus.EXAMPLES.read_bytes().splitlines() if line.strip()]
-            engine = measure_model(len(examples), args.sim_repeats)
+            with _machine.pinned(configs[0].cpus):
+                engine = measure_model(len(examples), args.sim_repeats)
             print(
                 f"the model alone (as bench/budget_floor.py measures it, workers idle): one "
                 f"thread {engine.work.mean() * 1000:.1f} ms/text, as shipped alone "
@@ -518,6 +529,12 @@ def main() -> None:
         "--no-simulation", action="store_true", help="skip the model-alone simulation"
     )
     parser.add_argument(
+        "--others-cpus",
+        type=_machine.cpu_list,
+        metavar="LIST",
+        help="CPUs for the broker and this process, e.g. 2,3 (default: anywhere)",
+    )
+    parser.add_argument(
         "--repeat-texts",
         action="store_true",
         help="keep the 50 example texts repeating (the worker then reuses their vectors)",
@@ -534,7 +551,17 @@ def main() -> None:
     chosen = args.config or [("default", {})]
     if len({name for name, _ in chosen}) != len(chosen):
         parser.error("configuration names must differ")
-    configs = [Config(name, {**common, **env}) for name, env in chosen]
+    configs = []
+    for name, env in chosen:
+        settings = {**common, **env}
+        cpus = settings.pop("CPUS", None)
+        try:
+            where = None if cpus is None else _machine.cpu_list(cpus)
+        except ValueError as exc:
+            parser.error(f"{name}: CPUS={cpus}: {exc}")
+        configs.append(Config(name, settings, cpus=where))
+    if args.others_cpus is not None:
+        os.sched_setaffinity(0, args.others_cpus)  # the broker, started later, inherits them
 
     print(_machine.machine_line())
     print(
@@ -543,7 +570,10 @@ def main() -> None:
         f"{_machine.load_average()}; configurations:"
     )
     for config in configs:
-        print(f"  {config.name}: {_worker.env_text(config.env)}")
+        where = "" if config.cpus is None else f" (CPUs {sorted(config.cpus)})"
+        print(f"  {config.name}: {_worker.env_text(config.env)}{where}")
+    if args.others_cpus is not None:
+        print(f"  broker and load generator on CPUs {sorted(args.others_cpus)}")
     phases = asyncio.run(run(args, configs))
     print_summary(phases, args.loads)
     print(f"load average at end {_machine.load_average()}")
