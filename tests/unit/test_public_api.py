@@ -184,6 +184,15 @@ def test_bad_input_is_a_dead_letter_never_an_exception(
     assert orjson.loads(after.value)["source"]["offset"] == 1
 
 
+def test_a_trace_at_the_last_leap_second_is_scored_not_raised(no_model: TraceScorer) -> None:
+    """RFC 3339 (and the schema) admit 9999-12-31T23:59:60Z; the second after it is past what
+    datetime holds, and reading the event time raised OverflowError."""
+    trace = make_trace(metadata={"created_at": "9999-12-31T23:59:60Z"})
+    result = no_model.score(trace, no_model.partition())
+    assert isinstance(result, ScoredTrace)
+    assert orjson.loads(result.value)["source"]["timestamp"] == 253_402_300_800_000
+
+
 def test_not_a_trace_type_is_a_type_error(no_model: TraceScorer) -> None:
     with pytest.raises(TypeError, match="bytes, str or a mapping"):
         no_model.score(42, no_model.partition())  # type: ignore[arg-type]
