@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeAlias
@@ -22,11 +23,13 @@ import orjson
 
 from worker.cli.score import LineRecords
 from worker.core.cache import PartitionCaches
-from worker.core.errors import InvalidJsonError
+from worker.core.errors import InvalidJsonError, TraceError
 from worker.core.records import Decision, RoutedRecord, SourceRecord
 from worker.core.rescoring import NotRescored, Rescorer
+from worker.core.schema import json_path
 from worker.core.scorer import Scorer, build_scorer
 from worker.core.scoring import Dimensions, ProfileError, ScoreBreakdown, load_profiles
+from worker.core.trace import in_int_range, integer_out_of_range
 from worker.settings import Settings, SettingsError
 from worker.settings import load_settings as _load_settings
 
@@ -123,6 +126,28 @@ def _scored(
     )
 
 
+def _unwritable_number(node: Any, path: tuple[str | int, ...] = ()) -> TraceError | None:
+    """Why the first number in ``node`` (document order) has no exact JSON text, if one has
+    none: NaN or an infinity, or an integer beyond 64 bits (the worker's own kinds for them)."""
+    if isinstance(node, float):
+        if math.isfinite(node):
+            return None
+        where = json_path(path)
+        return InvalidJsonError(f"not valid JSON: {where}: {node!r} is not a JSON number")
+    if isinstance(node, int):
+        return None if in_int_range(node) else integer_out_of_range(list(path), str(node))
+    if isinstance(node, Mapping):
+        children: Iterable[tuple[str | int, Any]] = node.items()
+    elif isinstance(node, list | tuple):
+        children = enumerate(node)
+    else:
+        return None
+    for key, child in children:
+        if (error := _unwritable_number(child, (*path, key))) is not None:
+            return error
+    return None
+
+
 class Partition:
     """One partition's novelty cache and its next offset, owned by the caller.
 
@@ -154,8 +179,14 @@ class Partition:
             try:
                 value = orjson.dumps(dict(trace))
             except orjson.JSONEncodeError as exc:
-                error = InvalidJsonError(f"the trace cannot be written as JSON: {exc}")
+                # The walk only where orjson met a number first: a mapping may hold itself.
+                number = _unwritable_number(trace) if "64-bit" in str(exc) else None
+                error = number or InvalidJsonError(f"the trace cannot be written as JSON: {exc}")
                 return DeadLetter(kind=error.kind, reason=error.reason, value=None)
+            # orjson writes NaN and the infinities as null: the trace would score with a value
+            # it never held, where their JSON text is invalid_json.
+            if b"null" in value and (number := _unwritable_number(trace)) is not None:
+                return DeadLetter(kind=number.kind, reason=number.reason, value=None)
         else:
             raise TypeError(f"a trace is bytes, str or a mapping, not {type(trace).__name__}")
         # Event time as `kp-scorer score` reads it (metadata.created_at), unless given.

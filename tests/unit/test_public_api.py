@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import re
 import subprocess
@@ -182,6 +183,28 @@ def test_bad_input_is_a_dead_letter_never_an_exception(
     after = no_model.score(code_review_example(), partition)
     assert isinstance(after, ScoredTrace)
     assert orjson.loads(after.value)["source"]["offset"] == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "named"),
+    [
+        (math.nan, "invalid_json", "extra.nested[1]: nan"),
+        (-math.inf, "invalid_json", "extra.nested[1]: -inf"),
+        (2**70, "integer_out_of_range", "extra.nested[1]: integer 1180591620717411303424"),
+    ],
+)
+def test_a_mapping_with_a_number_json_cannot_carry_is_a_dead_letter_by_path(
+    no_model: TraceScorer, value: float, kind: str, named: str
+) -> None:
+    """NaN and the infinities were written as null, and the trace scored with a value it never
+    held (as bytes they are invalid_json); an integer beyond 64 bits gets the worker's kind."""
+    trace = {**code_review_example(), "extra": {"nested": [1, value]}}
+    result = no_model.score(trace, no_model.partition())
+    assert isinstance(result, DeadLetter)
+    assert result.kind == kind
+    assert named in result.reason
+    scored = no_model.score({**code_review_example(), "extra": None}, no_model.partition())
+    assert isinstance(scored, ScoredTrace)  # a null of the caller's own is data
 
 
 def test_a_trace_at_the_last_leap_second_is_scored_not_raised(no_model: TraceScorer) -> None:
