@@ -87,6 +87,11 @@ def profiles_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out[name].write_bytes(orjson.dumps(content))
     out["not_json"] = folder / "not_json.json"
     out["not_json"].write_text("default: {complexity: 1}")
+    out["duplicate_profile"] = folder / "duplicate_profile.json"
+    out["duplicate_profile"].write_text(
+        '{"default": {"complexity": 0.25, "novelty": 0.35, "tool_diversity": 0.15, "outcome": '
+        '0.25}, "default": {"complexity": 1, "novelty": 0, "tool_diversity": 0, "outcome": 0}}'
+    )
     return out
 
 
@@ -110,6 +115,7 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     "profiles_no_default": ({"KP_PROFILES_FILE": "@no_default"}, "KP_PROFILES_FILE"),
     "profiles_missing_weight": ({"KP_PROFILES_FILE": "@missing_weight"}, "KP_PROFILES_FILE"),
     "profiles_not_json": ({"KP_PROFILES_FILE": "@not_json"}, "KP_PROFILES_FILE"),
+    "profiles_duplicate_profile": ({"KP_PROFILES_FILE": "@duplicate_profile"}, "KP_PROFILES_FILE"),
     "sasl_ssl_without_credentials": ({"KP_SECURITY_PROTOCOL": "SASL_SSL"}, "KP_SASL_PASSWORD"),
     "sasl_without_password": (
         {
