@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import operator
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeAlias
@@ -148,6 +149,20 @@ def _unwritable_number(node: Any, path: tuple[str | int, ...] = ()) -> TraceErro
     return None
 
 
+def _record_timestamp(event_time_ms: int) -> int:
+    """``event_time_ms`` as a Kafka record timestamp is: a 64-bit integer (a numpy integer is
+    one; a float such as ``time.time() * 1000`` is not, and the output's timestamp is one)."""
+    try:
+        milliseconds = operator.index(event_time_ms)
+    except TypeError:
+        raise TypeError(
+            f"event_time_ms is an integer of milliseconds, not {type(event_time_ms).__name__}"
+        ) from None
+    if not -(2**63) <= milliseconds < 2**63:
+        raise ValueError(f"event_time_ms {milliseconds} is outside a record timestamp's 64 bits")
+    return milliseconds
+
+
 class Partition:
     """One partition's novelty cache and its next offset, owned by the caller.
 
@@ -169,7 +184,9 @@ class Partition:
         """Traces held in the cache (a model-less scorer keeps none)."""
         return self._core.cache_size((self.topic, self.number)) or 0
 
-    def _record(self, trace: TraceInput, event_time_ms: int | None) -> SourceRecord | DeadLetter:
+    def _record(
+        self, trace: TraceInput, event_time_ms: int | None, offset: int
+    ) -> SourceRecord | DeadLetter:
         if isinstance(trace, bytes | bytearray | memoryview):
             value = bytes(trace)
         elif isinstance(trace, str):
@@ -190,7 +207,7 @@ class Partition:
         else:
             raise TypeError(f"a trace is bytes, str or a mapping, not {type(trace).__name__}")
         # Event time as `kp-scorer score` reads it (metadata.created_at), unless given.
-        record = LineRecords(self.topic, None).record(self.next_offset, value)
+        record = LineRecords(self.topic, None).record(offset, value)
         return dataclasses.replace(
             record,
             partition=self.number,
@@ -201,9 +218,13 @@ class Partition:
         self, traces: Iterable[TraceInput], event_times_ms: Iterable[int | None]
     ) -> list[ScoreResult]:
         items = []
+        # Offsets are used up only once every trace is taken: a TypeError leaves none behind.
+        offset = self.next_offset
         for trace, event_time_ms in zip(traces, event_times_ms, strict=True):
-            items.append(self._record(trace, event_time_ms))
-            self.next_offset += 1
+            event_time = None if event_time_ms is None else _record_timestamp(event_time_ms)
+            items.append(self._record(trace, event_time, offset))
+            offset += 1
+        self.next_offset = offset
         records = [item for item in items if isinstance(item, SourceRecord)]
         routed = iter(self._core.score_batch(records).routed if records else ())
         return [

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy
 import orjson
 import pytest
 
@@ -205,6 +206,27 @@ def test_a_mapping_with_a_number_json_cannot_carry_is_a_dead_letter_by_path(
     assert named in result.reason
     scored = no_model.score({**code_review_example(), "extra": None}, no_model.partition())
     assert isinstance(scored, ScoredTrace)  # a null of the caller's own is data
+
+
+@pytest.mark.parametrize(
+    ("event_time", "error"),
+    [(1_735_000_000_000.5, TypeError), ("1735000000000", TypeError), (2**63, ValueError)],
+)
+def test_an_event_time_that_no_record_can_have_is_refused_before_scoring(
+    no_model: TraceScorer, event_time: Any, error: type[Exception]
+) -> None:
+    """A float (``time.time() * 1000``) was published as the source timestamp, which the
+    scored-trace schema says is an integer; 2**63 stopped a scorer with a model. Nothing of
+    the batch is scored, and its offsets are not used up."""
+    partition = no_model.partition()
+    trace = code_review_example()
+    with pytest.raises(error, match="event_time_ms"):
+        no_model.score_many([trace, trace], partition, event_times_ms=[0, event_time])
+    result = no_model.score(trace, partition, event_time_ms=numpy.int64(7))
+    assert isinstance(result, ScoredTrace)
+    assert orjson.loads(result.value)["source"] == {
+        "topic": "api", "partition": 0, "offset": 0, "timestamp": 7
+    }  # fmt: skip
 
 
 def test_a_trace_at_the_last_leap_second_is_scored_not_raised(no_model: TraceScorer) -> None:
