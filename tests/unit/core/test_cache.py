@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from worker.core.cache import NEVER_LIVE_MS, DimensionError, PartitionCaches, VectorCache
+from worker.core.cache import DimensionError, PartitionCaches, VectorCache
 from worker.core.scoring import NoveltySource
 
 DIMS = 4
@@ -433,18 +433,3 @@ def test_ttl_compares_the_farthest_timestamps_without_overflow() -> None:
     # the other way round the entry is from the future: live, as any out-of-order one is
     future = VectorCache(10, DIMS, ttl_ms=100)
     assert future.query_then_add_batch(np.stack([E0, E0]), [LATEST_MS, -1]) == [None, 1.0]
-
-
-def test_a_rebuilt_cache_gives_the_live_novelty_at_the_farthest_timestamps() -> None:
-    """A takeover rebuilds a partition's cache with entries already expired for the next
-    record as never-live slots; at a record time over 2**62 their age wrapped around int64,
-    and the rebuilt cache gave novelty 1.0 (a zero vector, live) where the live run gave the
-    empty cache's 0.5."""
-    later = 2**62 + 10
-    live = PartitionCaches(capacity=10, dimensions=DIMS, ttl_ms=1000)
-    live.novelty_batch(("t", 0), np.stack([E0]), [0])
-    expected = live.novelty_batch(("t", 0), np.stack([E1]), [later])
-    rebuilt = PartitionCaches(capacity=10, dimensions=DIMS, ttl_ms=1000)
-    rebuilt.warm(("t", 0), np.zeros((1, DIMS), dtype=np.float32), [NEVER_LIVE_MS])
-    assert rebuilt.novelty_batch(("t", 0), np.stack([E1]), [later]) == expected
-    assert expected[0].source is NoveltySource.EMPTY_CACHE
