@@ -31,6 +31,7 @@ from worker.core.schema import json_path
 from worker.core.scorer import Scorer, build_scorer
 from worker.core.scoring import Dimensions, ProfileError, ScoreBreakdown, load_profiles
 from worker.core.trace import in_int_range, integer_out_of_range
+from worker.embedding.protocol import EmbedderUnavailable
 from worker.settings import Settings, SettingsError
 from worker.settings import load_settings as _load_settings
 
@@ -257,7 +258,13 @@ class TraceScorer:
             load_profiles(self.settings.profiles_file)
         except ProfileError as exc:
             raise SettingsError(f"invalid configuration:\n  KP_PROFILES_FILE: {exc}") from None
-        self._core = build_scorer(self.settings, use_embedder=use_embedder)
+        try:
+            self._core = build_scorer(self.settings, use_embedder=use_embedder)
+        except EmbedderUnavailable as exc:  # only raised when the settings require the model
+            raise SettingsError(
+                "invalid configuration:\n  KP_EMBEDDER_REQUIRED: true, and the model cannot be "
+                f"loaded: {exc}"
+            ) from None
 
     @property
     def embedder_available(self) -> bool:

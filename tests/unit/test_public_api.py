@@ -238,6 +238,18 @@ def test_a_trace_at_the_last_leap_second_is_scored_not_raised(no_model: TraceSco
     assert orjson.loads(result.value)["source"]["timestamp"] == 253_402_300_800_000
 
 
+def test_a_required_model_that_cannot_load_is_a_settings_error(tmp_path: Path) -> None:
+    """It raised the loader's own exception, a name the public API does not have."""
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"not a model")
+    settings = load_settings({"KP_MODEL_PATH": str(model), "KP_EMBEDDER_REQUIRED": "true"})
+    with pytest.raises(SettingsError, match=r"KP_EMBEDDER_REQUIRED.*cannot be loaded"):
+        TraceScorer(settings)
+    with TraceScorer(load_settings({"KP_MODEL_PATH": str(model)})) as optional:
+        assert not optional.embedder_available  # not required: novelty 0.5, and the reason
+        assert "cannot be loaded" in (optional.embedder_reason or "")
+
+
 def test_not_a_trace_type_is_a_type_error(no_model: TraceScorer) -> None:
     with pytest.raises(TypeError, match="bytes, str or a mapping"):
         no_model.score(42, no_model.partition())  # type: ignore[arg-type]
