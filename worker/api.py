@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import operator
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, TypeAlias
@@ -22,11 +24,14 @@ import orjson
 
 from worker.cli.score import LineRecords
 from worker.core.cache import PartitionCaches
-from worker.core.errors import InvalidJsonError
+from worker.core.errors import InvalidJsonError, TraceError
 from worker.core.records import Decision, RoutedRecord, SourceRecord
 from worker.core.rescoring import NotRescored, Rescorer
+from worker.core.schema import json_path
 from worker.core.scorer import Scorer, build_scorer
 from worker.core.scoring import Dimensions, ProfileError, ScoreBreakdown, load_profiles
+from worker.core.trace import in_int_range, integer_out_of_range
+from worker.embedding.protocol import EmbedderUnavailable
 from worker.settings import Settings, SettingsError
 from worker.settings import load_settings as _load_settings
 
@@ -123,6 +128,42 @@ def _scored(
     )
 
 
+def _unwritable_number(node: Any, path: tuple[str | int, ...] = ()) -> TraceError | None:
+    """Why the first number in ``node`` (document order) has no exact JSON text, if one has
+    none: NaN or an infinity, or an integer beyond 64 bits (the worker's own kinds for them)."""
+    if isinstance(node, float):
+        if math.isfinite(node):
+            return None
+        where = json_path(path)
+        return InvalidJsonError(f"not valid JSON: {where}: {node!r} is not a JSON number")
+    if isinstance(node, int):
+        return None if in_int_range(node) else integer_out_of_range(list(path), str(node))
+    if isinstance(node, Mapping):
+        children: Iterable[tuple[str | int, Any]] = node.items()
+    elif isinstance(node, list | tuple):
+        children = enumerate(node)
+    else:
+        return None
+    for key, child in children:
+        if (error := _unwritable_number(child, (*path, key))) is not None:
+            return error
+    return None
+
+
+def _record_timestamp(event_time_ms: int) -> int:
+    """``event_time_ms`` as a Kafka record timestamp is: a 64-bit integer (a numpy integer is
+    one; a float such as ``time.time() * 1000`` is not, and the output's timestamp is one)."""
+    try:
+        milliseconds = operator.index(event_time_ms)
+    except TypeError:
+        raise TypeError(
+            f"event_time_ms is an integer of milliseconds, not {type(event_time_ms).__name__}"
+        ) from None
+    if not -(2**63) <= milliseconds < 2**63:
+        raise ValueError(f"event_time_ms {milliseconds} is outside a record timestamp's 64 bits")
+    return milliseconds
+
+
 class Partition:
     """One partition's novelty cache and its next offset, owned by the caller.
 
@@ -144,7 +185,9 @@ class Partition:
         """Traces held in the cache (a model-less scorer keeps none)."""
         return self._core.cache_size((self.topic, self.number)) or 0
 
-    def _record(self, trace: TraceInput, event_time_ms: int | None) -> SourceRecord | DeadLetter:
+    def _record(
+        self, trace: TraceInput, event_time_ms: int | None, offset: int
+    ) -> SourceRecord | DeadLetter:
         if isinstance(trace, bytes | bytearray | memoryview):
             value = bytes(trace)
         elif isinstance(trace, str):
@@ -154,12 +197,18 @@ class Partition:
             try:
                 value = orjson.dumps(dict(trace))
             except orjson.JSONEncodeError as exc:
-                error = InvalidJsonError(f"the trace cannot be written as JSON: {exc}")
+                # The walk only where orjson met a number first: a mapping may hold itself.
+                number = _unwritable_number(trace) if "64-bit" in str(exc) else None
+                error = number or InvalidJsonError(f"the trace cannot be written as JSON: {exc}")
                 return DeadLetter(kind=error.kind, reason=error.reason, value=None)
+            # orjson writes NaN and the infinities as null: the trace would score with a value
+            # it never held, where their JSON text is invalid_json.
+            if b"null" in value and (number := _unwritable_number(trace)) is not None:
+                return DeadLetter(kind=number.kind, reason=number.reason, value=None)
         else:
             raise TypeError(f"a trace is bytes, str or a mapping, not {type(trace).__name__}")
         # Event time as `kp-scorer score` reads it (metadata.created_at), unless given.
-        record = LineRecords(self.topic, None).record(self.next_offset, value)
+        record = LineRecords(self.topic, None).record(offset, value)
         return dataclasses.replace(
             record,
             partition=self.number,
@@ -170,9 +219,13 @@ class Partition:
         self, traces: Iterable[TraceInput], event_times_ms: Iterable[int | None]
     ) -> list[ScoreResult]:
         items = []
+        # Offsets are used up only once every trace is taken: a TypeError leaves none behind.
+        offset = self.next_offset
         for trace, event_time_ms in zip(traces, event_times_ms, strict=True):
-            items.append(self._record(trace, event_time_ms))
-            self.next_offset += 1
+            event_time = None if event_time_ms is None else _record_timestamp(event_time_ms)
+            items.append(self._record(trace, event_time, offset))
+            offset += 1
+        self.next_offset = offset
         records = [item for item in items if isinstance(item, SourceRecord)]
         routed = iter(self._core.score_batch(records).routed if records else ())
         return [
@@ -205,7 +258,13 @@ class TraceScorer:
             load_profiles(self.settings.profiles_file)
         except ProfileError as exc:
             raise SettingsError(f"invalid configuration:\n  KP_PROFILES_FILE: {exc}") from None
-        self._core = build_scorer(self.settings, use_embedder=use_embedder)
+        try:
+            self._core = build_scorer(self.settings, use_embedder=use_embedder)
+        except EmbedderUnavailable as exc:  # only raised when the settings require the model
+            raise SettingsError(
+                "invalid configuration:\n  KP_EMBEDDER_REQUIRED: true, and the model cannot be "
+                f"loaded: {exc}"
+            ) from None
 
     @property
     def embedder_available(self) -> bool:

@@ -87,6 +87,11 @@ def profiles_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out[name].write_bytes(orjson.dumps(content))
     out["not_json"] = folder / "not_json.json"
     out["not_json"].write_text("default: {complexity: 1}")
+    out["duplicate_profile"] = folder / "duplicate_profile.json"
+    out["duplicate_profile"].write_text(
+        '{"default": {"complexity": 0.25, "novelty": 0.35, "tool_diversity": 0.15, "outcome": '
+        '0.25}, "default": {"complexity": 1, "novelty": 0, "tool_diversity": 0, "outcome": 0}}'
+    )
     return out
 
 
@@ -110,6 +115,7 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     "profiles_no_default": ({"KP_PROFILES_FILE": "@no_default"}, "KP_PROFILES_FILE"),
     "profiles_missing_weight": ({"KP_PROFILES_FILE": "@missing_weight"}, "KP_PROFILES_FILE"),
     "profiles_not_json": ({"KP_PROFILES_FILE": "@not_json"}, "KP_PROFILES_FILE"),
+    "profiles_duplicate_profile": ({"KP_PROFILES_FILE": "@duplicate_profile"}, "KP_PROFILES_FILE"),
     "sasl_ssl_without_credentials": ({"KP_SECURITY_PROTOCOL": "SASL_SSL"}, "KP_SASL_PASSWORD"),
     "sasl_without_password": (
         {
@@ -137,6 +143,9 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     "metrics_port_out_of_range": ({"KP_METRICS_PORT": "70000"}, "KP_METRICS_PORT"),
     "cache_capacity_negative": ({"KP_CACHE_CAPACITY": "-1"}, "KP_CACHE_CAPACITY"),
     "cache_ttl_zero": ({"KP_CACHE_TTL_SECONDS": "0"}, "KP_CACHE_TTL_SECONDS"),
+    # Under a millisecond rounds to a TTL of 0 ms, which the first record's cache refused.
+    "cache_ttl_below_a_millisecond": ({"KP_CACHE_TTL_SECONDS": "0.0001"}, "KP_CACHE_TTL_SECONDS"),
+    "cache_ttl_infinite": ({"KP_CACHE_TTL_SECONDS": "inf"}, "KP_CACHE_TTL_SECONDS"),
     "max_message_bytes_text": ({"KP_MAX_MESSAGE_BYTES": "1MB"}, "KP_MAX_MESSAGE_BYTES"),
     "embedder_required_not_bool": ({"KP_EMBEDDER_REQUIRED": "maybe"}, "KP_EMBEDDER_REQUIRED"),
     "model_path_missing": ({"KP_MODEL_PATH": "/nonexistent/model.onnx"}, "KP_MODEL_PATH"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy
 import orjson
 import pytest
 
@@ -182,6 +184,70 @@ def test_bad_input_is_a_dead_letter_never_an_exception(
     after = no_model.score(code_review_example(), partition)
     assert isinstance(after, ScoredTrace)
     assert orjson.loads(after.value)["source"]["offset"] == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "named"),
+    [
+        (math.nan, "invalid_json", "extra.nested[1]: nan"),
+        (-math.inf, "invalid_json", "extra.nested[1]: -inf"),
+        (2**70, "integer_out_of_range", "extra.nested[1]: integer 1180591620717411303424"),
+    ],
+)
+def test_a_mapping_with_a_number_json_cannot_carry_is_a_dead_letter_by_path(
+    no_model: TraceScorer, value: float, kind: str, named: str
+) -> None:
+    """NaN and the infinities were written as null, and the trace scored with a value it never
+    held (as bytes they are invalid_json); an integer beyond 64 bits gets the worker's kind."""
+    trace = {**code_review_example(), "extra": {"nested": [1, value]}}
+    result = no_model.score(trace, no_model.partition())
+    assert isinstance(result, DeadLetter)
+    assert result.kind == kind
+    assert named in result.reason
+    scored = no_model.score({**code_review_example(), "extra": None}, no_model.partition())
+    assert isinstance(scored, ScoredTrace)  # a null of the caller's own is data
+
+
+@pytest.mark.parametrize(
+    ("event_time", "error"),
+    [(1_735_000_000_000.5, TypeError), ("1735000000000", TypeError), (2**63, ValueError)],
+)
+def test_an_event_time_that_no_record_can_have_is_refused_before_scoring(
+    no_model: TraceScorer, event_time: Any, error: type[Exception]
+) -> None:
+    """A float (``time.time() * 1000``) was published as the source timestamp, which the
+    scored-trace schema says is an integer; 2**63 stopped a scorer with a model. Nothing of
+    the batch is scored, and its offsets are not used up."""
+    partition = no_model.partition()
+    trace = code_review_example()
+    with pytest.raises(error, match="event_time_ms"):
+        no_model.score_many([trace, trace], partition, event_times_ms=[0, event_time])
+    result = no_model.score(trace, partition, event_time_ms=numpy.int64(7))
+    assert isinstance(result, ScoredTrace)
+    assert orjson.loads(result.value)["source"] == {
+        "topic": "api", "partition": 0, "offset": 0, "timestamp": 7
+    }  # fmt: skip
+
+
+def test_a_trace_at_the_last_leap_second_is_scored_not_raised(no_model: TraceScorer) -> None:
+    """RFC 3339 (and the schema) admit 9999-12-31T23:59:60Z; the second after it is past what
+    datetime holds, and reading the event time raised OverflowError."""
+    trace = make_trace(metadata={"created_at": "9999-12-31T23:59:60Z"})
+    result = no_model.score(trace, no_model.partition())
+    assert isinstance(result, ScoredTrace)
+    assert orjson.loads(result.value)["source"]["timestamp"] == 253_402_300_800_000
+
+
+def test_a_required_model_that_cannot_load_is_a_settings_error(tmp_path: Path) -> None:
+    """It raised the loader's own exception, a name the public API does not have."""
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"not a model")
+    settings = load_settings({"KP_MODEL_PATH": str(model), "KP_EMBEDDER_REQUIRED": "true"})
+    with pytest.raises(SettingsError, match=r"KP_EMBEDDER_REQUIRED.*cannot be loaded"):
+        TraceScorer(settings)
+    with TraceScorer(load_settings({"KP_MODEL_PATH": str(model)})) as optional:
+        assert not optional.embedder_available  # not required: novelty 0.5, and the reason
+        assert "cannot be loaded" in (optional.embedder_reason or "")
 
 
 def test_not_a_trace_type_is_a_type_error(no_model: TraceScorer) -> None:

@@ -38,9 +38,8 @@ from worker.core.scoring import Novelty
 
 FloatArray = npt.NDArray[np.float32]
 GridArray = npt.NDArray[np.float64]
-# Event time of a slot that holds a place in eviction order but is never live (TTL set).
-NEVER_LIVE_MS = -(2**62)
 _GRID = float(2**20)
+_INT64_MIN = -(2**63)
 # float32 dot products of 384-dim unit vectors err by at most ~2.3e-5; every entry whose
 # screened similarity is within this margin of the best is re-computed exactly.
 _SCREEN_MARGIN = 1e-3
@@ -87,6 +86,13 @@ def _exact_best(
     return np.where(candidate[entries], exact, -np.inf).max(axis=0, initial=-np.inf), live
 
 
+def _live_from(now_ms: Sequence[int], ttl_ms: int) -> npt.NDArray[np.int64]:
+    """Per query time, the oldest event time still live (``now - ttl``; an entry is live iff
+    its time is at or after it). Computed on Python integers and floored at int64's minimum:
+    the age ``now - time`` of two record timestamps (-1 and 2**63 - 1) overflows int64."""
+    return np.array([max(int(now) - ttl_ms, _INT64_MIN) for now in now_ms], dtype=np.int64)
+
+
 def _as_results(best: GridArray, live: npt.NDArray[np.bool_]) -> list[float | None]:
     return [float(value) if ok else None for value, ok in zip(best, live, strict=True)]
 
@@ -118,7 +124,7 @@ class VectorCache:
         """Entries live at ``now_ms`` (all stored entries when there is no TTL or no time)."""
         if self.ttl_ms is None or now_ms is None:
             return self._count
-        return int(((now_ms - self._times[: self._count]) <= self.ttl_ms).sum())
+        return int((self._times[: self._count] >= _live_from([now_ms], self.ttl_ms)).sum())
 
     def clear(self) -> None:
         self._count = 0
@@ -189,8 +195,8 @@ class VectorCache:
         stored = self._rows[: self._count]
         screened = stored @ rows.T  # [entries, queries]
         if self.ttl_ms is not None and now_ms is not None:
-            times = np.asarray(now_ms, dtype=np.int64)
-            expired = (times[None, :] - self._times[: self._count][:, None]) > self.ttl_ms
+            live_from = _live_from(now_ms, self.ttl_ms)
+            expired = self._times[: self._count][:, None] < live_from[None, :]
             screened[expired] = -np.inf
         return _as_results(*_exact_best(screened, stored, rows[:0], rows))
 
@@ -225,8 +231,9 @@ class VectorCache:
         earlier = position[:, None] < position[None, :]  # batch entry j precedes i
         earlier &= position[:, None] >= (position - self.max_elements)[None, :]
         if self.ttl_ms is not None:
-            held &= (times[None, :] - held_times[:, None]) <= self.ttl_ms
-            earlier &= (times[None, :] - times[:, None]) <= self.ttl_ms
+            live_from = _live_from(event_times_ms, self.ttl_ms)[None, :]
+            held &= held_times[:, None] >= live_from
+            earlier &= times[:, None] >= live_from
         screened = np.concatenate([held_rows @ rows.T, rows @ rows.T])  # [entries, queries]
         screened[~np.concatenate([held, earlier])] = -np.inf
         results = _as_results(*_exact_best(screened, held_rows, rows, rows))

@@ -6,8 +6,10 @@ except ``load_profiles``, which reads the operator's profile file once at start-
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -128,14 +130,28 @@ def profiles_from_mapping(raw: Any) -> ProfileSet:
     return ProfileSet(profiles)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object hook: a key given twice is refused (a decoder keeps the last one, and
+    which one the operator meant is unknown)."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ProfileError(f"key {key!r} appears twice in one object of the profiles file")
+        seen.add(key)
+    return dict(pairs)
+
+
 def load_profiles(path: Path | None) -> ProfileSet:
     """The built-in profiles, or the operator's file (JSON) replacing them entirely."""
     if path is None:
         return ProfileSet(BUILTIN_PROFILES)
     try:
-        raw = orjson.loads(path.read_bytes())
+        data = path.read_bytes()
+        raw = orjson.loads(data)
     except (OSError, orjson.JSONDecodeError) as exc:
         raise ProfileError(f"cannot read profiles file {path}: {exc}") from None
+    with suppress(RecursionError):  # nested that deep, it has no profile's shape anyway
+        json.loads(data, object_pairs_hook=_unique_keys)
     return profiles_from_mapping(raw)
 
 

@@ -232,7 +232,7 @@ def _out_of_range_path(node: Any) -> tuple[list[str | int], str]:
         node = values[low]
     if isinstance(node, _OutOfRange):
         return path, node.literal
-    if isinstance(node, int) and not _INT_RANGE[0] <= node <= _INT_RANGE[1]:
+    if isinstance(node, int) and not in_int_range(node):
         return path, str(node)
     raise ValueError("no integer beyond 64 bits found")  # a part nested past orjson's limit
 
@@ -261,13 +261,22 @@ def _reject_big_integers(raw: bytes) -> None:
         except ValueError:  # but refuses one of over 4300 digits
             document = json.loads(raw, parse_int=_long_literal)
     if not _writable([document]):
-        path, literal = _out_of_range_path(document)
-        digits = len(literal.lstrip("-"))
-        shown = literal if digits <= 40 else f"{literal[:20]}... ({digits} digits)"
-        raise IntegerOutOfRangeError(
-            f"{json_path(path)}: integer {shown} is outside the 64-bit range "
-            f"({_INT_RANGE[0]} to {_INT_RANGE[1]}) and cannot be passed through exactly"
-        )
+        raise integer_out_of_range(*_out_of_range_path(document))
+
+
+def in_int_range(value: int) -> bool:
+    """Whether orjson reads and writes ``value`` as the integer it is (64 bits)."""
+    return _INT_RANGE[0] <= value <= _INT_RANGE[1]
+
+
+def integer_out_of_range(path: list[str | int], literal: str) -> IntegerOutOfRangeError:
+    """The error for an integer beyond 64 bits at ``path``, quoting at most 20 of its digits."""
+    digits = len(literal.lstrip("-"))
+    shown = literal if digits <= 40 else f"{literal[:20]}... ({digits} digits)"
+    return IntegerOutOfRangeError(
+        f"{json_path(path)}: integer {shown} is outside the 64-bit range "
+        f"({_INT_RANGE[0]} to {_INT_RANGE[1]}) and cannot be passed through exactly"
+    )
 
 
 def decode_json(

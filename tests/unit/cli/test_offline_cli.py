@@ -178,6 +178,9 @@ def test_partition_by_a_value_too_deep_to_serialise_does_not_crash() -> None:
         ("0001-01-01T00:00:00+01:00", -62_135_600_400_000),
         ("0001-01-01T00:00:00", -62_135_596_800_000),
         ("9999-12-31T23:59:59-01:00", 253_402_304_399_000),
+        # The last leap second RFC 3339 can write: its second after is past datetime's range.
+        ("9999-12-31T23:59:60Z", 253_402_300_800_000),
+        ("9999-12-31T23:59:60.999", 253_402_300_800_999),
     ],
 )
 def test_event_time_is_exact_milliseconds(created_at: str, expected_ms: int) -> None:

@@ -413,3 +413,23 @@ def test_partition_warm_fills_without_scoring() -> None:
     values = caches.novelty_batch(("t", 2), np.stack([E1, E2]), [1, 1])
     assert [v.value for v in values] == [0.0, 1.0]
     assert caches.sizes() == {("t", 2): 4}
+
+
+# Kafka record timestamps span int64: -1 (none) up to 2**63 - 1, which a producer may set.
+LATEST_MS = 2**63 - 1
+
+
+def test_ttl_compares_the_farthest_timestamps_without_overflow() -> None:
+    """``now - time`` of -1 and 2**63 - 1 wrapped around int64 to a negative age, so an entry
+    2**63 ms old was live, in every query path."""
+    cache = VectorCache(10, DIMS, ttl_ms=100)
+    cache.add(E0, -1)
+    assert cache.max_cosine_similarity(E0, now_ms=LATEST_MS) is None
+    assert cache.max_cosine_similarity_batch(np.stack([E0]), [LATEST_MS]) == [None]
+    assert cache.size(LATEST_MS) == 0
+    assert cache.query_then_add_batch(np.stack([E0]), [LATEST_MS]) == [None]
+    fresh = VectorCache(10, DIMS, ttl_ms=100)
+    assert fresh.query_then_add_batch(np.stack([E0, E0]), [-1, LATEST_MS]) == [None, None]
+    # the other way round the entry is from the future: live, as any out-of-order one is
+    future = VectorCache(10, DIMS, ttl_ms=100)
+    assert future.query_then_add_batch(np.stack([E0, E0]), [LATEST_MS, -1]) == [None, 1.0]

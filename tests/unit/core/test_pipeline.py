@@ -529,9 +529,9 @@ def test_warm_partition_with_expiry_matches_the_live_run() -> None:
     embedder = FakeEmbedder()
     rebuilt = scorer(embedder=embedder, ttl_ms=1_000, capacity=2)
     traces = rebuilt.valid_traces(history)
-    # Q is too old to be live for anything at or after 4_000 - ttl: it keeps its slot only
-    assert rebuilt.warm_partition((TOPIC, 0), traces, expire_before_ms=3_000) == 2
-    assert embedder.calls == [["P thought 0 observation 1", "R thought 0 observation 1"]]
+    # Q is expired for the next record, but a later one with an older time would see it live
+    assert rebuilt.warm_partition((TOPIC, 0), traces) == 3
+    assert embedder.calls == [[f"{n} thought 0 observation 1" for n in "PQR"]]
     got = rebuilt.score_batch(upcoming).routed
     assert [r.value for r in got] == [r.value for r in expected]
     # P was evicted in the live run: its duplicate is novel against R only

@@ -553,6 +553,18 @@ def test_load_profiles_from_json_file_replaces_builtins(tmp_path: Path) -> None:
         (b"\xff\xfe", "cannot read profiles file"),
         (b"[1, 2]", "non-empty JSON object"),
         (b'{"default": {"complexity": 1, "novelty": 1, "tool_diversity": 1, "outcome": 1}}', "sum"),
+        # A key given twice: JSON decoders keep the last, and which one was meant is unknown.
+        (
+            b'{"default": {"complexity": 0.25, "novelty": 0.35, "tool_diversity": 0.15, '
+            b'"outcome": 0.25}, "default": {"complexity": 1, "novelty": 0, "tool_diversity": 0,'
+            b' "outcome": 0}}',
+            "key 'default' appears twice",
+        ),
+        (
+            b'{"default": {"complexity": 0.25, "novelty": 0.35, "tool_diversity": 0.15, '
+            b'"outcome": 0.25, "outcome": 0.25}}',
+            "key 'outcome' appears twice",
+        ),
     ],
 )
 def test_load_profiles_bad_file_content(tmp_path: Path, content: bytes, fragment: str) -> None:

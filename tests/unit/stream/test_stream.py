@@ -164,6 +164,36 @@ def test_rebuild_reads_further_back_past_dead_lettered_records() -> None:
     assert log.reads[0] == (2, 10) and log.reads[1][1] == 2
 
 
+def test_takeover_with_a_ttl_gives_an_out_of_order_record_its_live_score() -> None:
+    """A trace expired for the first record after the committed offset is still live for a
+    later one with an older timestamp (a backfill, a producer's skewed clock), as expiry is a
+    mask at query time: the rebuilt cache must hold its vector, as the live one did. It was
+    left out of the rebuild, and the backfilled duplicate scored as novel."""
+
+    def at(offset: int, objective: str, timestamp_ms: int) -> SourceRecord:
+        value = orjson.dumps(make_trace(task={"objective": objective}))
+        return SourceRecord(TOPIC, 0, offset, timestamp_ms, b"k", value)
+
+    def with_ttl() -> Scorer:
+        caches = PartitionCaches(1000, ttl_ms=600_000)
+        return Scorer(load_profiles(None), Thresholds(), caches, HashEmbedder())
+
+    records = [
+        at(0, "backfilled task", 0),
+        at(1, "live task", 3_600_000),
+        at(2, "another live task", 3_700_000),  # the committed offset: 0 is expired for it
+        at(3, "backfilled task", 60_000),  # ... and live for this one
+    ]
+    expected = scores(with_ttl().score_batch(records).routed)
+    log = FakeLog(records, committed=2)
+    publisher = FakePublisher()
+    stream = StreamScorer(with_ttl(), log, publisher)
+    run(stream.process(records[2:]))
+    assert scores(publisher.published) == {2: expected[2], 3: expected[3]}
+    novelty = orjson.loads(publisher.published[1].value or b"")["score"]["dimensions"]["novelty"]
+    assert novelty == pytest.approx(0.0, abs=1e-5)
+
+
 def test_partition_revoked_while_scoring_leaves_no_state() -> None:
     log = FakeLog(log_of(6), committed=0)
     publisher = FakePublisher()
