@@ -38,8 +38,6 @@ from worker.core.scoring import Novelty
 
 FloatArray = npt.NDArray[np.float32]
 GridArray = npt.NDArray[np.float64]
-# Event time of a slot that holds a place in eviction order but is never live (TTL set).
-NEVER_LIVE_MS = -(2**62)
 _GRID = float(2**20)
 # float32 dot products of 384-dim unit vectors err by at most ~2.3e-5; every entry whose
 # screened similarity is within this margin of the best is re-computed exactly.

@@ -16,7 +16,7 @@ from time import perf_counter
 
 import numpy as np
 
-from worker.core.cache import NEVER_LIVE_MS, PartitionCaches
+from worker.core.cache import PartitionCaches
 from worker.core.errors import (
     OutputTooLargeError,
     TraceError,
@@ -269,40 +269,30 @@ class Scorer:
         return [(r, t) for r in records if isinstance(t := self.decode(r), Trace)]
 
     def warm_partition(
-        self,
-        partition: tuple[str, int],
-        traces: Sequence[tuple[SourceRecord, Trace]],
-        expire_before_ms: int | None = None,
+        self, partition: tuple[str, int], traces: Sequence[tuple[SourceRecord, Trace]]
     ) -> int:
         """Rebuild a cache from already-scored traces, oldest first; publishes nothing.
 
-        Traces older than ``expire_before_ms`` cannot be live for what comes next: they keep
-        their slot (so eviction order matches the live run) without being embedded.
+        Every trace is embedded, however old its timestamp: with a TTL, an entry is live or
+        not for each later record by that record's own timestamp, which may lie anywhere.
         Returns the number embedded.
         """
         if self.embedder is None or not traces:
             return 0
-        live = [
-            i
-            for i, (record, _) in enumerate(traces)
-            if expire_before_ms is None or record.timestamp_ms >= expire_before_ms
+        prepared = [
+            Prepared(record, trace, text, text_key(text))
+            for record, trace in traces
+            for text in (trace.embedding_text(),)
         ]
-        vectors = np.zeros((len(traces), self.caches.dimensions), dtype=np.float32)
-        times = [NEVER_LIVE_MS] * len(traces)
-        keys: list[bytes | None] = [None] * len(traces)
-        if live:
-            prepared = [
-                Prepared(traces[i][0], traces[i][1], text, text_key(text))
-                for i in live
-                for text in (traces[i][1].embedding_text(),)
-            ]
-            self.embed_missing(prepared, from_cache=False)
-            for i, item in zip(live, prepared, strict=True):
-                vectors[i] = item.vector
-                times[i] = traces[i][0].timestamp_ms
-                keys[i] = item.text_key
-        self.caches.warm(partition, vectors, times, keys)
-        return len(live)
+        self.embed_missing(prepared, from_cache=False)
+        vectors = np.stack([item.vector for item in prepared])  # type: ignore[misc]
+        self.caches.warm(
+            partition,
+            vectors,
+            [record.timestamp_ms for record, _ in traces],
+            [item.text_key for item in prepared],
+        )
+        return len(prepared)
 
 
 def build_scorer(settings: Settings, *, use_embedder: bool = True) -> Scorer:

@@ -192,13 +192,9 @@ class Partitions:
         traces = traces[-capacity:]
         if not traces:
             return 0
-        expire_before_ms = None
-        ttl_ms = self.scorer.cache_ttl_ms
-        if ttl_ms is not None:
-            following = await self.reader.read(topic, partition, before, before + 1)
-            if following:
-                expire_before_ms = following[0].timestamp_ms - ttl_ms
-        embedded = await asyncio.to_thread(self.scorer.warm_partition, tp, traces, expire_before_ms)
+        # Every one is embedded, however old: with a TTL, whether an entry is live depends on
+        # each later record's timestamp, and a producer's clock may put one far back in time.
+        embedded = await asyncio.to_thread(self.scorer.warm_partition, tp, traces)
         seconds = time.monotonic() - began
         self.observer.cache_rebuilt(seconds, embedded)
         log.info(

@@ -164,6 +164,38 @@ def test_rebuild_reads_further_back_past_dead_lettered_records() -> None:
     assert log.reads[0] == (2, 10) and log.reads[1][1] == 2
 
 
+def test_takeover_with_a_ttl_matches_the_live_run_when_timestamps_go_back() -> None:
+    """With a TTL, whether a cached vector is live depends on each later record's timestamp,
+    and producers' clocks differ: the record after the committed offset may be stamped far
+    ahead and the one after it back in time, which still sees the older entries."""
+    ttl_ms = 60_000
+    stamped = [
+        ("first objective", 1_000_000),  # scored before the takeover
+        ("second objective", 1_000_000 + 3_600_000),  # the committed offset: an hour ahead
+        ("first objective", 1_000_000 + 10_000),  # back in time: the first is live for it
+    ]
+    records = [
+        SourceRecord(TOPIC, 0, offset, ts, b"k", orjson.dumps(make_trace(objective=text)))
+        for offset, (text, ts) in enumerate(stamped)
+    ]
+
+    def ttl_scorer() -> Scorer:
+        caches = PartitionCaches(1000, ttl_ms=ttl_ms)
+        return Scorer(load_profiles(None), Thresholds(), caches, HashEmbedder())
+
+    live = scores(ttl_scorer().score_batch(records).routed)
+    log = FakeLog(records, committed=1)
+    publisher = FakePublisher()
+    run(StreamScorer(ttl_scorer(), log, publisher).process(records[1:]))
+    assert novelty_of(publisher.published[-1]) == pytest.approx(0.0, abs=1e-6)
+    assert scores(publisher.published) == {k: v for k, v in live.items() if k >= 1}
+
+
+def novelty_of(routed: RoutedRecord) -> float:
+    assert routed.breakdown is not None
+    return routed.breakdown.dimensions.novelty
+
+
 def test_partition_revoked_while_scoring_leaves_no_state() -> None:
     log = FakeLog(log_of(6), committed=0)
     publisher = FakePublisher()
