@@ -108,7 +108,7 @@ class MetricsObserver:
         topic, partition = source.topic, str(source.partition)
         if self.lag.finished(source.topic_partition, source.offset, source.timestamp_ms):
             metrics.future_timestamps.inc()
-        if source.timestamp_ms:  # from its timestamp to now, its output acknowledged
+        if source.timestamp_ms > 0:  # from its timestamp to now, its output acknowledged
             metrics.end_to_end_latency.observe(max(0.0, time.time() - source.timestamp_ms / 1000))
         if reused_vector:
             metrics.embeddings_reused.inc()
