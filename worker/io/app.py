@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import itertools
 import logging
 import socket
@@ -133,7 +134,7 @@ class ScorerApp(faust.App):
             topic_allow_declare=False,
             web_enabled=False,
             store="memory://",
-            datadir=Path(tempfile.gettempdir()) / f"kp-scorer-{settings.group_id}",
+            datadir=_data_directory(settings.group_id),
             logging_config=logging_config(settings.log_level, settings.log_repeat_interval_seconds),
             Worker=ScorerWorker,
         )
@@ -237,6 +238,14 @@ class ScorerApp(faust.App):
                 task.cancel()
         if self._http is not None:
             self._http.shutdown()
+
+
+def _data_directory(group_id: str) -> Path:
+    """faust's data directory (it stores nothing there with the memory store), one per group.
+    Named by a digest: a group id may be any string, and faust would take a ``/`` in it for a
+    directory that does not exist, and braces for a format field."""
+    digest = hashlib.sha256(group_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"kp-scorer-{digest}"
 
 
 async def _tick(observer: MetricsObserver) -> None:
