@@ -54,6 +54,8 @@ STARTUP_BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
 # patiently.
 PROBE_INTERVAL_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 3.0
+# faust's default request timeout of the group consumer; a longer session timeout raises it.
+GROUP_REQUEST_TIMEOUT_SECONDS = 90.0
 # How often freed heap memory goes back to the system: a worker with 16 full caches after a
 # 20,000-trace backlog held 338-367 MB this way (median 353, 9 runs) against 363-397 MB
 # (median 378, 12 runs) without, at the same speed (bench/live_memory.py).
@@ -118,6 +120,11 @@ class ScorerApp(faust.App):
             key_serializer="raw",
             value_serializer="raw",
             broker_session_timeout=settings.session_timeout_seconds,
+            # faust refuses a session timeout above its request timeout (a request held by
+            # the group coordinator must not time out first); Kafka allows up to 30 min.
+            broker_request_timeout=max(
+                GROUP_REQUEST_TIMEOUT_SECONDS, settings.session_timeout_seconds
+            ),
             broker_heartbeat_interval=settings.heartbeat_interval_seconds,
             broker_commit_interval=settings.commit_interval_seconds,
             broker_max_poll_records=500,
