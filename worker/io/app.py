@@ -43,7 +43,6 @@ from worker.memory import release_freed_memory
 from worker.retry import backoff
 from worker.settings import Settings, load_settings
 from worker.stream.checkpoint import CONFIRM_SECONDS, drain_seconds, unconfirmed_commits
-from worker.stream.health import LOOP_TICK_SECONDS
 from worker.stream.observer import MetricsObserver
 from worker.stream.processor import StreamScorer
 
@@ -259,7 +258,7 @@ async def _tick(observer: MetricsObserver) -> None:
     """Stamp the event loop's liveness for /healthz (read from the HTTP thread)."""
     while True:
         observer.health.loop_ticked()
-        await asyncio.sleep(LOOP_TICK_SECONDS)
+        await asyncio.sleep(observer.health.tick_seconds)
 
 
 async def _trim_memory() -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import urllib.error
 import urllib.request
 
 import orjson
+import pytest
 from prometheus_client import generate_latest
 
 from worker.dev.process import free_loopback_port
@@ -158,6 +160,26 @@ def test_a_lone_offset_no_record_fills_stops_counting_as_waiting() -> None:
     assert lag.snapshot()[0].records == 1, "the lag itself still shows it"
     lag.log_ends({TP: 7})
     assert lag.records_waiting(settled_after=60) == 3, "new records count at once"
+
+
+@pytest.mark.parametrize("stall_seconds", [0.6, 1.5, 3.0])
+def test_a_running_event_loop_is_live_at_any_stall_setting(stall_seconds: float) -> None:
+    """The loop must tick well within a third of KP_HEALTH_STALL_SECONDS, however short."""
+    from worker.io.app import _tick
+
+    observer = MetricsObserver(stall_seconds=stall_seconds)
+
+    async def sample() -> list[str]:
+        ticker = asyncio.ensure_future(_tick(observer))
+        checks = []
+        for _ in range(30):
+            await asyncio.sleep(0.05)
+            checks.append(observer.health.liveness().checks["event_loop"])
+        ticker.cancel()
+        return checks
+
+    checks = asyncio.run(sample())
+    assert set(checks) == {"ok"}, checks
 
 
 def test_liveness_fails_when_records_wait_and_nothing_moves() -> None:
