@@ -127,7 +127,8 @@ class Settings(BaseSettings):
 
     # Novelty
     cache_capacity: PositiveInt = 1000
-    cache_ttl_seconds: PositiveFloat | None = None
+    # Record timestamps are milliseconds: a shorter TTL would be none at all.
+    cache_ttl_seconds: float | None = Field(default=None, ge=0.001)
     model_path: Path | None = None
     model_sha256: str | None = None
     tokenizer_path: Path = DEFAULT_TOKENIZER_PATH

@@ -137,6 +137,8 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     "metrics_port_out_of_range": ({"KP_METRICS_PORT": "70000"}, "KP_METRICS_PORT"),
     "cache_capacity_negative": ({"KP_CACHE_CAPACITY": "-1"}, "KP_CACHE_CAPACITY"),
     "cache_ttl_zero": ({"KP_CACHE_TTL_SECONDS": "0"}, "KP_CACHE_TTL_SECONDS"),
+    # Below half a millisecond: rounded to 0 ms, it stopped the first scored trace.
+    "cache_ttl_under_a_millisecond": ({"KP_CACHE_TTL_SECONDS": "0.0004"}, "KP_CACHE_TTL_SECONDS"),
     "max_message_bytes_text": ({"KP_MAX_MESSAGE_BYTES": "1MB"}, "KP_MAX_MESSAGE_BYTES"),
     "embedder_required_not_bool": ({"KP_EMBEDDER_REQUIRED": "maybe"}, "KP_EMBEDDER_REQUIRED"),
     "model_path_missing": ({"KP_MODEL_PATH": "/nonexistent/model.onnx"}, "KP_MODEL_PATH"),
