@@ -196,6 +196,47 @@ def novelty_of(routed: RoutedRecord) -> float:
     return routed.breakdown.dimensions.novelty
 
 
+def test_a_partition_revoked_while_a_rebuild_runs_is_not_kept() -> None:
+    """A rebalance that takes partitions away while this worker still rebuilds caches must
+    leave nothing of them: when the partition comes back, after another worker scored and
+    committed some of its records, it starts again from that commit, republishing nothing."""
+    records = log_of(5, partition=0) + log_of(12, partition=1)
+    committed = {0: 5, 1: 0}
+    rebuilding = asyncio.Event()
+
+    class SlowLog(FakeLog):
+        async def committed(self, topic: str, partition: int) -> int | None:
+            return committed[partition]
+
+        async def read(
+            self, topic: str, partition: int, start: int, end: int
+        ) -> list[SourceRecord]:
+            if partition == 0:
+                await rebuilding.wait()  # partition 0's rebuild takes a while
+            return await super().read(topic, partition, start, end)
+
+    log = SlowLog(records)
+    publisher = FakePublisher()
+
+    async def scenario() -> None:
+        stream = StreamScorer(scorer(), log, publisher)
+        stream.assigned([(TOPIC, 0), (TOPIC, 1)])
+        for _ in range(10):
+            await asyncio.sleep(0)  # the rebuild of partition 0 is under way
+        stream.assigned([])  # both go to other workers: 0 in its rebuild, 1 before its own
+        rebuilding.set()
+        await stream.checkpoint.drain()
+        assert stream.partitions.owned() == []
+        assert stream.scorer.caches.partitions() == []
+        committed[1] = 10  # the other worker scored 0..9 and left
+        stream.assigned([(TOPIC, 0), (TOPIC, 1)])
+        await stream.checkpoint.drain()
+        await stream.process([r for r in records if r.partition == 1 and r.offset >= 10])
+
+    run(scenario())
+    assert [r.source.offset for r in publisher.published if r.source.partition == 1] == [10, 11]
+
+
 def test_partition_revoked_while_scoring_leaves_no_state() -> None:
     log = FakeLog(log_of(6), committed=0)
     publisher = FakePublisher()
