@@ -137,6 +137,12 @@ class MetricsObserver:
         with contextlib.suppress(KeyError):
             metrics.cache_entries.remove(tp[0], str(tp[1]))
 
+    def cache_filled(self, tp: TopicPartition, entries: int | None) -> None:
+        """A partition's cache holds ``entries`` vectors before its next record (rebuilt on
+        assignment); None: it has none yet."""
+        if entries is not None:
+            metrics.cache_entries.labels(tp[0], str(tp[1])).set(entries)
+
     def cache_rebuilt(self, seconds: float, records: int) -> None:
         metrics.cache_rebuild_seconds.observe(seconds)
         metrics.cache_rebuild_records.inc(records)

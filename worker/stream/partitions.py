@@ -175,6 +175,7 @@ class Partitions:
             return
         self._next_offset[tp] = start
         self.observer.lag.started(tp, start)  # lag is counted from here
+        self.observer.cache_filled(tp, self.scorer.cache_size(tp))
 
     async def rebuild_cache(self, tp: TopicPartition, before: int) -> int:
         """Fill tp's cache from the records preceding ``before``, exactly as live scoring did.

@@ -149,6 +149,23 @@ def test_takeover_rebuilds_the_cache_from_before_the_committed_offset() -> None:
     assert log.reads[0] == (12, 17), "reads back `capacity` records first"
 
 
+def test_a_rebuilt_cache_is_reported_before_a_record_is_scored() -> None:
+    """kp_cache_entries tells the truth after a rebalance: a partition taken over holds its
+    rebuilt cache while no new record has come yet."""
+    records = log_of(30, repeat_every=7)
+    stream = StreamScorer(scorer(capacity=5), FakeLog(records, committed=30), FakePublisher())
+
+    async def assign(partitions: list[tuple[str, int]]) -> None:
+        stream.assigned(partitions)
+        await stream.checkpoint.drain()
+
+    run(assign([(TOPIC, 0)]))
+    labels = {"topic": TOPIC, "partition": "0"}
+    assert REGISTRY.get_sample_value("kp_cache_entries", labels) == 5
+    run(assign([]))
+    assert REGISTRY.get_sample_value("kp_cache_entries", labels) is None
+
+
 def test_rebuild_reads_further_back_past_dead_lettered_records() -> None:
     records = log_of(12, repeat_every=12)  # offset 4 is not json
     expected = continuous(records, capacity=8)
