@@ -63,8 +63,10 @@ class Settings(BaseSettings):
     """Every setting, with its documented default. What each one means is written once, in
     ``docs/configuration_page.py`` (which generates docs/configuration.md)."""
 
+    # No setting means anything at infinity (or NaN): `inf` would pass "> 0" and then stop
+    # the start, or the first trace, where it meets an integer or a timer.
     model_config = SettingsConfigDict(
-        env_prefix="KP_", frozen=True, extra="ignore", populate_by_name=True
+        env_prefix="KP_", frozen=True, extra="ignore", populate_by_name=True, allow_inf_nan=False
     )
 
     @classmethod
@@ -128,7 +130,7 @@ class Settings(BaseSettings):
     # Novelty
     cache_capacity: PositiveInt = 1000
     # Whole milliseconds of event time: under 1 ms would round to no TTL at all.
-    cache_ttl_seconds: float | None = Field(default=None, ge=0.001, allow_inf_nan=False)
+    cache_ttl_seconds: float | None = Field(default=None, ge=0.001)
     model_path: Path | None = None
     model_sha256: str | None = None
     tokenizer_path: Path = DEFAULT_TOKENIZER_PATH

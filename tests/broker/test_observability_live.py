@@ -144,6 +144,30 @@ def test_a_future_timestamp_does_not_pin_lag_seconds(
     assert counted == 1
 
 
+def test_a_record_without_a_timestamp_adds_no_latency_from_1970(
+    kafka_bootstrap: str, new_topic_name
+) -> None:
+    """Kafka gives a record without a timestamp (one an old-format producer wrote) as -1: it
+    is scored, and its time in the topic is not measured from the epoch."""
+    env, outputs = worker_topics(
+        new_topic_name("nots"), partitions=1, KP_EMBED_CONCURRENCY="1", KP_TIMING_HEADER="true"
+    )
+    topic = env["KP_INPUT_TOPIC"]
+    create_topics(kafka_bootstrap, [topic], partitions=1)
+    worker = WorkerProcess(kafka_bootstrap, **env)
+    with worker:
+        worker.wait_ready()
+        produce(kafka_bootstrap, topic, [(None, orjson.dumps(make_trace()), 0, None, -1)])
+        (out,) = collect_outputs(kafka_bootstrap, outputs, {(0, 0)}, settle=0)
+        end_to_end = metric_total(worker.metrics_port, "kp_end_to_end_latency_seconds_sum")
+        fetch = metric_total(worker.metrics_port, "kp_stage_latency_seconds_sum")
+    assert out.decision in ("accepted", "rejected")
+    assert orjson.loads(out.value)["source"]["timestamp"] == -1, "kept as received"
+    assert "fetch" not in orjson.loads(out.headers["kp-timing-ms"]), out.headers
+    assert end_to_end == 0, "no end-to-end latency without a timestamp"
+    assert fetch < 60, f"stage latencies sum to {fetch} s"
+
+
 def test_metrics_answer_while_scoring_a_backlog_with_idle_connections_open(
     kafka_bootstrap: str, new_topic_name
 ) -> None:

@@ -158,6 +158,39 @@ def test_records_without_key_or_value_are_dead_lettered_and_the_worker_goes_on(
     assert found["null key, valid trace"].key is None
 
 
+@pytest.mark.broker
+def test_a_key_too_large_to_publish_is_dead_lettered_without_it_and_the_worker_goes_on(
+    kafka_bootstrap: str,
+) -> None:
+    """An input topic may take records larger than the outputs may be: a key over the publish
+    limit would be refused in every form that keeps it, at every restart."""
+    env, topics = worker_topics(
+        f"hugekey-{uuid.uuid4().hex[:8]}",
+        partitions=1,
+        KP_MAX_MESSAGE_BYTES=str(MAX_MESSAGE_BYTES),
+        KP_MAX_OUTPUT_BYTES=str(MAX_OUTPUT_BYTES),
+    )
+    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=1)
+    valid = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()][:2]
+    with WorkerProcess(kafka_bootstrap, **env) as worker:
+        worker.wait_for_event("scorer ready", timeout=90)
+        offsets = _produce_any(
+            kafka_bootstrap, env["KP_INPUT_TOPIC"], [(b"K" * OVERSIZED, valid[0]), (b"k", valid[1])]
+        )
+        outputs, alive, events = _outputs_of(worker, kafka_bootstrap, topics, offsets)
+
+    assert alive, "no record may stop the worker"
+    assert events.count("scorer ready") == 1, "the worker must never restart"
+    assert sorted(o.source_offset for o in outputs) == offsets, "each exactly once"
+    dead, after = sorted(outputs, key=lambda o: o.source_offset)
+    assert dead.decision == "dead_letter" and (dead.key, dead.value) == (b"", None)
+    assert dead.headers["kp-error-kind"] == b"output_too_large"
+    assert b"key" in dead.headers["kp-value-omitted"] and "kp-key-null" not in dead.headers
+    errors = list(_headers_schema().iter_errors({k: v.decode() for k, v in dead.headers.items()}))
+    assert not errors, errors[0].message
+    assert after.decision in ("accepted", "rejected") and after.key == b"k"
+
+
 # A producer whose header names reach the wire as bytes that are not UTF-8 (Go and C clients
 # can send them): aiokafka's pure-Python record builder, given a name that encodes to such
 # bytes. Run in its own process: that builder is chosen when aiokafka is first imported.

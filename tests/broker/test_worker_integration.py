@@ -193,3 +193,17 @@ def test_sigterm_and_restart_lose_nothing_and_keep_scores(
         expected_scores = offline_scores(offline_scorer, partition_lines)
         got = [by_source[(partition, offset)][0] for offset in ordered]
         assert got == expected_scores, f"partition {partition} differs from a continuous run"
+
+
+def test_a_group_id_with_any_characters_runs(kafka_bootstrap: str, new_topic_name) -> None:
+    """Kafka takes any string as a group id: a slash, braces and spaces included."""
+    prefix = new_topic_name("group")
+    env, outputs = worker_topics(
+        prefix, partitions=1, KP_GROUP_ID=f"team/{{env}} {prefix}", KP_EMBED_CONCURRENCY="1"
+    )
+    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=1)
+    with WorkerProcess(kafka_bootstrap, **env) as worker:
+        worker.wait_ready(timeout=60)
+        produce(kafka_bootstrap, env["KP_INPUT_TOPIC"], [(None, sample_lines(1)[0], 0, None)])
+        (out,) = collect_outputs(kafka_bootstrap, outputs, {(0, 0)}, settle=0)
+    assert out.decision in ("accepted", "rejected")

@@ -146,6 +146,14 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     # Under a millisecond rounds to a TTL of 0 ms, which the first record's cache refused.
     "cache_ttl_below_a_millisecond": ({"KP_CACHE_TTL_SECONDS": "0.0001"}, "KP_CACHE_TTL_SECONDS"),
     "cache_ttl_infinite": ({"KP_CACHE_TTL_SECONDS": "inf"}, "KP_CACHE_TTL_SECONDS"),
+    "session_timeout_infinite": (
+        {"KP_SESSION_TIMEOUT_SECONDS": "inf"},
+        "KP_SESSION_TIMEOUT_SECONDS",
+    ),
+    "shutdown_timeout_infinite": (
+        {"KP_SHUTDOWN_TIMEOUT_SECONDS": "Infinity"},
+        "KP_SHUTDOWN_TIMEOUT_SECONDS",
+    ),
     "max_message_bytes_text": ({"KP_MAX_MESSAGE_BYTES": "1MB"}, "KP_MAX_MESSAGE_BYTES"),
     "embedder_required_not_bool": ({"KP_EMBEDDER_REQUIRED": "maybe"}, "KP_EMBEDDER_REQUIRED"),
     "model_path_missing": ({"KP_MODEL_PATH": "/nonexistent/model.onnx"}, "KP_MODEL_PATH"),

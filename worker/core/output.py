@@ -132,10 +132,12 @@ def _dead_letter(
     *,
     input_headers: bool = False,
     omitted: str | None = None,
+    key_omitted: bool = False,
 ) -> RoutedRecord:
     """A dead letter that a Kafka client can publish: with neither key nor value (a tombstone
     with a null key, or a value left out) it gets an empty key and ``kp-key-null``.
-    ``omitted`` says why the value was left out and where the original is."""
+    ``omitted`` says why the value was left out and where the original is; ``key_omitted``
+    leaves the key out as well (an empty key: the record must have one)."""
     headers = (
         *(producer_headers(record.headers) if input_headers else ()),
         *dead_letter_headers(record, error),
@@ -155,7 +157,7 @@ def _dead_letter(
         headers=headers,
         domain_label=OTHER_DOMAIN,
         error=error,
-        empty_key=empty_key,
+        empty_key=empty_key or key_omitted,
     )
 
 
@@ -184,9 +186,10 @@ def without_value(routed: RoutedRecord, limit: int) -> RoutedRecord:
     return _dead_letter(routed.source, error, input_headers=True, omitted=omitted)
 
 
-def refused(routed: RoutedRecord, why: str) -> RoutedRecord:
+def refused(routed: RoutedRecord, why: str, *, with_key: bool = True) -> RoutedRecord:
     """The least a dead letter can be, for a record the Kafka client refused to publish: the
-    scorer's headers alone (none of the input's), no value, the input's key (or an empty one).
+    scorer's headers alone (none of the input's), no value, the input's key (or an empty one;
+    without ``with_key``, an empty one whatever it was: a key too large to publish).
 
     Publishing the refused record again would be refused again, on every restart too; this
     form holds nothing of the input a client could refuse. A dead letter keeps its error; a
@@ -195,8 +198,9 @@ def refused(routed: RoutedRecord, why: str) -> RoutedRecord:
     error = routed.error or InternalScoringError(
         f"the Kafka client refused the {routed.decision.value} output: {why}"
     )
-    omitted = f"the Kafka client refused the record ({why}); value and input headers left out"
-    return _dead_letter(routed.source, error, omitted=omitted)
+    left_out = "value and input headers" if with_key else "value, key and input headers"
+    omitted = f"the Kafka client refused the record ({why}); {left_out} left out"
+    return _dead_letter(routed.source, error, omitted=omitted, key_omitted=not with_key)
 
 
 def is_refused_form(routed: RoutedRecord) -> bool:

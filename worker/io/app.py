@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import itertools
 import logging
 import socket
@@ -42,7 +43,6 @@ from worker.memory import release_freed_memory
 from worker.retry import backoff
 from worker.settings import Settings, load_settings
 from worker.stream.checkpoint import CONFIRM_SECONDS, drain_seconds, unconfirmed_commits
-from worker.stream.health import LOOP_TICK_SECONDS
 from worker.stream.observer import MetricsObserver
 from worker.stream.processor import StreamScorer
 
@@ -53,6 +53,8 @@ STARTUP_BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
 # patiently.
 PROBE_INTERVAL_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 3.0
+# faust's default request timeout of the group consumer; a longer session timeout raises it.
+GROUP_REQUEST_TIMEOUT_SECONDS = 90.0
 # How often freed heap memory goes back to the system: a worker with 16 full caches after a
 # 20,000-trace backlog held 338-367 MB this way (median 353, 9 runs) against 363-397 MB
 # (median 378, 12 runs) without, at the same speed (bench/live_memory.py).
@@ -117,6 +119,11 @@ class ScorerApp(faust.App):
             key_serializer="raw",
             value_serializer="raw",
             broker_session_timeout=settings.session_timeout_seconds,
+            # faust refuses a session timeout above its request timeout (a request held by
+            # the group coordinator must not time out first); Kafka allows up to 30 min.
+            broker_request_timeout=max(
+                GROUP_REQUEST_TIMEOUT_SECONDS, settings.session_timeout_seconds
+            ),
             broker_heartbeat_interval=settings.heartbeat_interval_seconds,
             broker_commit_interval=settings.commit_interval_seconds,
             broker_max_poll_records=500,
@@ -133,7 +140,7 @@ class ScorerApp(faust.App):
             topic_allow_declare=False,
             web_enabled=False,
             store="memory://",
-            datadir=Path(tempfile.gettempdir()) / f"kp-scorer-{settings.group_id}",
+            datadir=_data_directory(settings.group_id),
             logging_config=logging_config(settings.log_level, settings.log_repeat_interval_seconds),
             Worker=ScorerWorker,
         )
@@ -239,11 +246,19 @@ class ScorerApp(faust.App):
             self._http.shutdown()
 
 
+def _data_directory(group_id: str) -> Path:
+    """faust's data directory (it stores nothing there with the memory store), one per group.
+    Named by a digest: a group id may be any string, and faust would take a ``/`` in it for a
+    directory that does not exist, and braces for a format field."""
+    digest = hashlib.sha256(group_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"kp-scorer-{digest}"
+
+
 async def _tick(observer: MetricsObserver) -> None:
     """Stamp the event loop's liveness for /healthz (read from the HTTP thread)."""
     while True:
         observer.health.loop_ticked()
-        await asyncio.sleep(LOOP_TICK_SECONDS)
+        await asyncio.sleep(observer.health.tick_seconds)
 
 
 async def _trim_memory() -> None:

@@ -47,8 +47,14 @@ class MetricsPortUnavailable(OSError):
 
 
 def listen(port: int, host: str = "") -> socket.socket:
-    """Bind the port now, so that a busy one stops the start with a clear error."""
+    """Bind the port now, so that a busy one stops the start with a clear error. On every
+    address, IPv6 ones too where the machine has IPv6: a cluster whose pods have IPv6
+    addresses probes and scrapes them there."""
     try:
+        if not host and socket.has_dualstack_ipv6():
+            return socket.create_server(
+                ("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=128
+            )
         return socket.create_server((host, port), backlog=128)
     except OSError as exc:
         raise MetricsPortUnavailable(port, exc) from None

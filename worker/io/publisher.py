@@ -130,11 +130,14 @@ class Publisher:
     def _smaller(self, record: RoutedRecord, refusal: Exception) -> RoutedRecord | None:
         """What to publish instead of a refused record: too large, the same without its value
         (the input's headers kept); otherwise, or still refused, the least a dead letter can
-        be; None once that too was refused."""
+        be, then that with an empty key if it is still too large; None once that too was
+        refused."""
         too_large = isinstance(refusal, MessageSizeTooLargeError | RecordTooLargeError)
         if too_large and record.value is not None:
             return without_value(record, self._settings.max_output_bytes)
         if is_refused_form(record):
+            if too_large and record.key:  # the input's key alone is over the limit
+                return refused(record, error_line(refusal, limit=200), with_key=False)
             return None
         return refused(record, error_line(refusal, limit=200))
 

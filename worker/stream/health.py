@@ -1,9 +1,9 @@
 """Liveness and readiness of the worker, as the /healthz and /readyz endpoints answer them.
 
 Both are read from the HTTP server's thread, which keeps running when the event loop hangs,
-so neither may depend on the loop answering: the loop stamps a tick every second, the
-pipeline stamps progress whenever it takes or finishes a record, and the answers compare
-those stamps with the clock.
+so neither may depend on the loop answering: the loop stamps a tick every second (more
+often under a short ``stall_seconds``), the pipeline stamps progress whenever it takes or
+finishes a record, and the answers compare those stamps with the clock.
 
 - Live: the event loop ticked within a third of ``stall_seconds``, and, while records wait
   (behind the log's end or in the pipeline), one was taken or finished within
@@ -21,6 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 LOOP_TICK_SECONDS = 1.0
+# A stall setting shorter than this many ticks would fail liveness between two ticks of a
+# loop that runs: such a setting makes the loop tick more often.
+TICKS_PER_STALL_THIRD = 2
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,8 @@ class WorkerHealth:
         broker: Callable[[], str] = lambda: "ok",
     ) -> None:
         self.stall_seconds = stall_seconds
+        # How often the event loop stamps its tick: well within a third of the stall time.
+        self.tick_seconds = min(LOOP_TICK_SECONDS, stall_seconds / 3 / TICKS_PER_STALL_THIRD)
         self._records_waiting = records_waiting
         self._broker = broker  # "ok" or why not
         self._clock = clock

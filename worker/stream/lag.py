@@ -81,14 +81,15 @@ class PartitionLag:
         the clock (beyond :data:`FUTURE_TOLERANCE_SECONDS`)."""
         now = self._clock()
         seconds = timestamp_ms / 1000
-        ahead = bool(timestamp_ms) and seconds - now > FUTURE_TOLERANCE_SECONDS
+        # 0, or -1 as Kafka reads a record without one: no timestamp.
+        ahead = timestamp_ms > 0 and seconds - now > FUTURE_TOLERANCE_SECONDS
         with self._lock:
             self._finished[tp] = max(self._finished.get(tp, 0), offset + 1)
             state = self._partitions.get(tp)
             if state is None:
                 return ahead
             state.position = max(state.position or 0, offset + 1)
-            if timestamp_ms:
+            if timestamp_ms > 0:
                 seconds = min(seconds, now)
                 state.last_timestamp = max(state.last_timestamp or seconds, seconds)
             state.note_caught_up(now)

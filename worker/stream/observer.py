@@ -108,7 +108,7 @@ class MetricsObserver:
         topic, partition = source.topic, str(source.partition)
         if self.lag.finished(source.topic_partition, source.offset, source.timestamp_ms):
             metrics.future_timestamps.inc()
-        if source.timestamp_ms:  # from its timestamp to now, its output acknowledged
+        if source.timestamp_ms > 0:  # from its timestamp to now, its output acknowledged
             metrics.end_to_end_latency.observe(max(0.0, time.time() - source.timestamp_ms / 1000))
         if reused_vector:
             metrics.embeddings_reused.inc()
@@ -136,6 +136,12 @@ class MetricsObserver:
         self.lag.started(tp, None)
         with contextlib.suppress(KeyError):
             metrics.cache_entries.remove(tp[0], str(tp[1]))
+
+    def cache_filled(self, tp: TopicPartition, entries: int | None) -> None:
+        """A partition's cache holds ``entries`` vectors before its next record (rebuilt on
+        assignment); None: it has none yet."""
+        if entries is not None:
+            metrics.cache_entries.labels(tp[0], str(tp[1])).set(entries)
 
     def cache_rebuilt(self, seconds: float, records: int) -> None:
         metrics.cache_rebuild_seconds.observe(seconds)

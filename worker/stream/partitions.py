@@ -103,7 +103,8 @@ class Partitions:
         is retried by the partition's first record)."""
         async with self._lock:
             for tp in partitions:
-                if tp in self._next_offset:
+                # Initialised by a record meanwhile, or revoked while earlier ones rebuilt.
+                if tp in self._next_offset or tp not in self._assigned:
                     continue
                 try:
                     await self._initialise(tp, None)
@@ -120,6 +121,8 @@ class Partitions:
             if tp not in self._next_offset:
                 await self._initialise(tp, delivered[0].offset)
             admitted = Admitted()
+            if tp not in self._next_offset:
+                return admitted  # revoked during its rebuild: its next owner scores these
             for record in delivered:
                 expected = self._next_offset[tp]
                 if record.offset < expected:
@@ -161,13 +164,18 @@ class Partitions:
             start = await self.reader.first_offset(topic, partition)
         # Records of an earlier ownership still in the pipeline must not touch the new cache.
         self.forget([tp])
+        epoch = self._epochs[tp]
         self.observer.health.progress(rebuilding=1)
         try:
             await self.rebuild_cache(tp, start)
         finally:
             self.observer.health.progress(rebuilding=-1)
+        if self._epochs[tp] != epoch:  # revoked while it rebuilt: nothing of it is kept
+            self.scorer.drop_partition(tp)
+            return
         self._next_offset[tp] = start
         self.observer.lag.started(tp, start)  # lag is counted from here
+        self.observer.cache_filled(tp, self.scorer.cache_size(tp))
 
     async def rebuild_cache(self, tp: TopicPartition, before: int) -> int:
         """Fill tp's cache from the records preceding ``before``, exactly as live scoring did.

@@ -50,7 +50,7 @@ class RecordTiming:
 
     received: float  # the worker received it
     received_wall: float  # the same moment on the wall clock (``time.time()``)
-    timestamp_ms: int  # the record's own timestamp; 0 when it has none
+    timestamp_ms: int  # the record's own timestamp; 0, or Kafka's -1, when it has none
     decoding: float = 0.0
     decoded: float = 0.0
     run: RunTiming = field(default_factory=RunTiming)  # its own model run, if it had one
@@ -72,7 +72,7 @@ class RecordTiming:
         ran = run.finished > 0.0
         embedded = run.finished if ran else self.vector
         stages: list[tuple[str, float]] = []
-        if self.timestamp_ms:  # a producer clock running fast makes it 0, as below
+        if self.timestamp_ms > 0:  # a producer clock running fast makes it 0, as below
             stages.append(("fetch", self.received_wall - self.timestamp_ms / 1000))
         stages += [
             ("decode_wait", self.decoding - self.received),

@@ -102,6 +102,15 @@ def test_idle_connections_cost_no_thread_and_are_closed(lonely_worker) -> None:
     print(f"\nthreads: {before} before, {during} with {len(idle)} idle connections open")
 
 
+@pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="this machine has no IPv6")
+def test_the_port_answers_over_ipv6_too(lonely_worker) -> None:
+    """A cluster of IPv6 pod addresses probes and scrapes the worker over IPv6."""
+    url = f"http://[::1]:{lonely_worker.metrics_port}/healthz"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        assert response.status == 200
+    assert _get(lonely_worker.metrics_port, "/healthz")[0] == 200, "and over IPv4"
+
+
 def test_a_busy_metrics_port_ends_the_start_in_one_line() -> None:
     with socket.create_server(("", 0)) as held:
         port = held.getsockname()[1]

@@ -131,3 +131,23 @@ def test_the_clients_own_failures_propagate_as_before() -> None:
 
     with pytest.raises(KafkaTimeoutError):
         publish([scored_output(b"a")], RecordingProducer(time_out))
+
+
+def test_a_key_too_large_to_publish_is_left_out_of_the_least_dead_letter() -> None:
+    """The input's key alone can be over the publish limit (a topic that takes larger records
+    than the outputs'): the dead letter then goes with an empty key, never stopping the worker
+    at that offset."""
+
+    def too_large(key: Any, value: Any, **_: Any) -> None:
+        if len(key or b"") + len(value or b"") > 1_000:
+            raise MessageSizeTooLargeError("too large for the producer")
+
+    first, huge_key, last = scored_output(b"a"), scored_output(b"k" * 5_000), scored_output(b"c")
+    sent = publish([first, huge_key, last], RecordingProducer(too_large))
+    assert [s["key"] for s in sent] == [b"a", b"", b"c"]
+    dead = sent[1]
+    assert dead["value"] is None and dead["topic"] == load_settings().dead_letter_topic
+    assert dead["headers"]["kp-error-kind"] == b"output_too_large"
+    assert b"key" in dead["headers"]["kp-value-omitted"]
+    assert dead["headers"]["kp-source-offset"] == b"5", "it points at the original"
+    assert "kp-key-null" not in dead["headers"], "the original's key was not null"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import urllib.error
 import urllib.request
 
 import orjson
+import pytest
 from prometheus_client import generate_latest
 
 from worker.dev.process import free_loopback_port
@@ -51,7 +53,7 @@ def test_lag_grows_while_nothing_is_finished_and_is_zero_when_caught_up() -> Non
 
 
 def test_lag_of_a_backlog_found_on_assignment_and_of_revoked_partitions() -> None:
-    clock = Clock()
+    clock = Clock(1_800_000_000.0)  # an hour before it is after 1970
     lag = PartitionLag(clock)
     lag.assigned([TP])
     lag.started(TP, 0)
@@ -111,6 +113,39 @@ def test_the_observer_counts_future_timestamps() -> None:
     assert counted() - before == 1
 
 
+def test_a_record_without_a_timestamp_counts_as_none_in_lag_and_latency() -> None:
+    """Kafka reads a record that has no timestamp (from a producer of the old message format)
+    as -1: no moment to measure from, not one in 1970."""
+    from prometheus_client import REGISTRY
+
+    from worker.core.errors import EmptyMessageError
+    from worker.core.output import dead_letter
+    from worker.core.records import SourceRecord
+
+    clock = Clock()
+    lag = PartitionLag(clock)
+    lag.assigned([TP])
+    lag.started(TP, 0)
+    lag.log_ends({TP: 3})
+    clock.now += 4
+    assert lag.finished(TP, 0, timestamp_ms=-1) is False
+    assert lag.snapshot() == [Lag("in", 0, 2, 4.0)], "behind since its assignment"
+
+    def observed(name: str, labels: dict[str, str] | None = None) -> float:
+        return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+    fetch = ("kp_stage_latency_seconds_count", {"stage": "fetch"})
+    before = [observed("kp_end_to_end_latency_seconds_count"), observed(*fetch)]
+    observer = MetricsObserver()
+    record = SourceRecord("in", 0, 0, -1, None, None)
+    routed = dead_letter(record, EmptyMessageError("empty"))
+    timing = RecordTiming.received_at(time.monotonic(), -1)
+    assert "fetch" not in dict(timing.stages())
+    assert b"fetch" not in timing.header()[1]
+    observer.record_published(routed, timing, False, None)
+    assert [observed("kp_end_to_end_latency_seconds_count"), observed(*fetch)] == before
+
+
 def test_a_lone_offset_no_record_fills_stops_counting_as_waiting() -> None:
     """A transaction's commit marker takes the last offset: one behind, for good."""
     clock = Clock()
@@ -125,6 +160,26 @@ def test_a_lone_offset_no_record_fills_stops_counting_as_waiting() -> None:
     assert lag.snapshot()[0].records == 1, "the lag itself still shows it"
     lag.log_ends({TP: 7})
     assert lag.records_waiting(settled_after=60) == 3, "new records count at once"
+
+
+@pytest.mark.parametrize("stall_seconds", [0.6, 1.5, 3.0])
+def test_a_running_event_loop_is_live_at_any_stall_setting(stall_seconds: float) -> None:
+    """The loop must tick well within a third of KP_HEALTH_STALL_SECONDS, however short."""
+    from worker.io.app import _tick
+
+    observer = MetricsObserver(stall_seconds=stall_seconds)
+
+    async def sample() -> list[str]:
+        ticker = asyncio.ensure_future(_tick(observer))
+        checks = []
+        for _ in range(30):
+            await asyncio.sleep(0.05)
+            checks.append(observer.health.liveness().checks["event_loop"])
+        ticker.cancel()
+        return checks
+
+    checks = asyncio.run(sample())
+    assert set(checks) == {"ok"}, checks
 
 
 def test_liveness_fails_when_records_wait_and_nothing_moves() -> None:

@@ -149,6 +149,23 @@ def test_takeover_rebuilds_the_cache_from_before_the_committed_offset() -> None:
     assert log.reads[0] == (12, 17), "reads back `capacity` records first"
 
 
+def test_a_rebuilt_cache_is_reported_before_a_record_is_scored() -> None:
+    """kp_cache_entries tells the truth after a rebalance: a partition taken over holds its
+    rebuilt cache while no new record has come yet."""
+    records = log_of(30, repeat_every=7)
+    stream = StreamScorer(scorer(capacity=5), FakeLog(records, committed=30), FakePublisher())
+
+    async def assign(partitions: list[tuple[str, int]]) -> None:
+        stream.assigned(partitions)
+        await stream.checkpoint.drain()
+
+    run(assign([(TOPIC, 0)]))
+    labels = {"topic": TOPIC, "partition": "0"}
+    assert REGISTRY.get_sample_value("kp_cache_entries", labels) == 5
+    run(assign([]))
+    assert REGISTRY.get_sample_value("kp_cache_entries", labels) is None
+
+
 def test_rebuild_reads_further_back_past_dead_lettered_records() -> None:
     records = log_of(12, repeat_every=12)  # offset 4 is not json
     expected = continuous(records, capacity=8)
@@ -164,34 +181,77 @@ def test_rebuild_reads_further_back_past_dead_lettered_records() -> None:
     assert log.reads[0] == (2, 10) and log.reads[1][1] == 2
 
 
-def test_takeover_with_a_ttl_gives_an_out_of_order_record_its_live_score() -> None:
-    """A trace expired for the first record after the committed offset is still live for a
-    later one with an older timestamp (a backfill, a producer's skewed clock), as expiry is a
-    mask at query time: the rebuilt cache must hold its vector, as the live one did. It was
-    left out of the rebuild, and the backfilled duplicate scored as novel."""
+def test_takeover_with_a_ttl_matches_the_live_run_when_timestamps_go_back() -> None:
+    """With a TTL, whether a cached vector is live depends on each later record's timestamp,
+    and producers' clocks differ: the record after the committed offset may be stamped far
+    ahead and the one after it back in time, which still sees the older entries."""
+    ttl_ms = 60_000
+    stamped = [
+        ("first objective", 1_000_000),  # scored before the takeover
+        ("second objective", 1_000_000 + 3_600_000),  # the committed offset: an hour ahead
+        ("first objective", 1_000_000 + 10_000),  # back in time: the first is live for it
+    ]
+    records = [
+        SourceRecord(TOPIC, 0, offset, ts, b"k", orjson.dumps(make_trace(objective=text)))
+        for offset, (text, ts) in enumerate(stamped)
+    ]
 
-    def at(offset: int, objective: str, timestamp_ms: int) -> SourceRecord:
-        value = orjson.dumps(make_trace(task={"objective": objective}))
-        return SourceRecord(TOPIC, 0, offset, timestamp_ms, b"k", value)
-
-    def with_ttl() -> Scorer:
-        caches = PartitionCaches(1000, ttl_ms=600_000)
+    def ttl_scorer() -> Scorer:
+        caches = PartitionCaches(1000, ttl_ms=ttl_ms)
         return Scorer(load_profiles(None), Thresholds(), caches, HashEmbedder())
 
-    records = [
-        at(0, "backfilled task", 0),
-        at(1, "live task", 3_600_000),
-        at(2, "another live task", 3_700_000),  # the committed offset: 0 is expired for it
-        at(3, "backfilled task", 60_000),  # ... and live for this one
-    ]
-    expected = scores(with_ttl().score_batch(records).routed)
-    log = FakeLog(records, committed=2)
+    live = scores(ttl_scorer().score_batch(records).routed)
+    log = FakeLog(records, committed=1)
     publisher = FakePublisher()
-    stream = StreamScorer(with_ttl(), log, publisher)
-    run(stream.process(records[2:]))
-    assert scores(publisher.published) == {2: expected[2], 3: expected[3]}
-    novelty = orjson.loads(publisher.published[1].value or b"")["score"]["dimensions"]["novelty"]
-    assert novelty == pytest.approx(0.0, abs=1e-5)
+    run(StreamScorer(ttl_scorer(), log, publisher).process(records[1:]))
+    assert novelty_of(publisher.published[-1]) == pytest.approx(0.0, abs=1e-6)
+    assert scores(publisher.published) == {k: v for k, v in live.items() if k >= 1}
+
+
+def novelty_of(routed: RoutedRecord) -> float:
+    assert routed.breakdown is not None
+    return routed.breakdown.dimensions.novelty
+
+
+def test_a_partition_revoked_while_a_rebuild_runs_is_not_kept() -> None:
+    """A rebalance that takes partitions away while this worker still rebuilds caches must
+    leave nothing of them: when the partition comes back, after another worker scored and
+    committed some of its records, it starts again from that commit, republishing nothing."""
+    records = log_of(5, partition=0) + log_of(12, partition=1)
+    committed = {0: 5, 1: 0}
+    rebuilding = asyncio.Event()
+
+    class SlowLog(FakeLog):
+        async def committed(self, topic: str, partition: int) -> int | None:
+            return committed[partition]
+
+        async def read(
+            self, topic: str, partition: int, start: int, end: int
+        ) -> list[SourceRecord]:
+            if partition == 0:
+                await rebuilding.wait()  # partition 0's rebuild takes a while
+            return await super().read(topic, partition, start, end)
+
+    log = SlowLog(records)
+    publisher = FakePublisher()
+
+    async def scenario() -> None:
+        stream = StreamScorer(scorer(), log, publisher)
+        stream.assigned([(TOPIC, 0), (TOPIC, 1)])
+        for _ in range(10):
+            await asyncio.sleep(0)  # the rebuild of partition 0 is under way
+        stream.assigned([])  # both go to other workers: 0 in its rebuild, 1 before its own
+        rebuilding.set()
+        await stream.checkpoint.drain()
+        assert stream.partitions.owned() == []
+        assert stream.scorer.caches.partitions() == []
+        committed[1] = 10  # the other worker scored 0..9 and left
+        stream.assigned([(TOPIC, 0), (TOPIC, 1)])
+        await stream.checkpoint.drain()
+        await stream.process([r for r in records if r.partition == 1 and r.offset >= 10])
+
+    run(scenario())
+    assert [r.source.offset for r in publisher.published if r.source.partition == 1] == [10, 11]
 
 
 def test_partition_revoked_while_scoring_leaves_no_state() -> None:
