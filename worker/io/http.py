@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gzip
 import logging
 import socket
@@ -50,11 +51,15 @@ def listen(port: int, host: str = "") -> socket.socket:
     """Bind the port now, so that a busy one stops the start with a clear error. On every
     address, IPv6 ones too where the machine has IPv6: a cluster whose pods have IPv6
     addresses probes and scrapes them there."""
-    try:
-        if not host and socket.has_dualstack_ipv6():
+    if not host and socket.has_dualstack_ipv6():
+        try:
             return socket.create_server(
                 ("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=128
             )
+        except OSError as exc:  # IPv6 switched off in the container: IPv4 alone, as before
+            if exc.errno == errno.EADDRINUSE:
+                raise MetricsPortUnavailable(port, exc) from None
+    try:
         return socket.create_server((host, port), backlog=128)
     except OSError as exc:
         raise MetricsPortUnavailable(port, exc) from None

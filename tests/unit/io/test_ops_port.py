@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import subprocess
@@ -23,6 +24,7 @@ import orjson
 import pytest
 
 from worker.dev.process import WorkerProcess, free_loopback_port
+from worker.io import http
 from worker.io.http import READ_TIMEOUT_SECONDS
 
 from support.workers import metric_total
@@ -132,3 +134,22 @@ def test_a_busy_metrics_port_ends_the_start_in_one_line() -> None:
     named = [line for line in output.splitlines() if "KP_METRICS_PORT" in line]
     assert len(named) == 1 and str(port) in named[0], output
     assert orjson.loads(named[0])["level"] == "error"
+
+
+def test_a_machine_without_ipv6_listens_on_ipv4(monkeypatch: pytest.MonkeyPatch) -> None:
+    """IPv6 switched off in a container (the family is there, binding it fails): the port is
+    served on IPv4 as before, not refused as unavailable."""
+    create_server = socket.create_server
+
+    def no_ipv6(address: tuple[str, int], **kwargs: object) -> socket.socket:
+        if kwargs.get("family") == socket.AF_INET6:
+            raise OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
+        return create_server(address, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(http.socket, "has_dualstack_ipv6", lambda: True)
+    monkeypatch.setattr(http.socket, "create_server", no_ipv6)
+    server = http.listen(0)
+    with contextlib.closing(server):
+        assert server.family == socket.AF_INET
+        with socket.create_connection(("127.0.0.1", server.getsockname()[1]), timeout=5):
+            pass
