@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 import orjson
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from worker.cli import main as cli
 from worker.core.output import ERROR_KIND_HEADER
@@ -165,11 +166,14 @@ MAX_DOMAIN_ROWS = 25
 def print_summary(console: Console, summary: RescoreSummary, source: str) -> None:
     """The human summary: counts, decisions before/after, flips per domain, score changes."""
     unrescorable = sum(summary.unrescorable.values())
+    # Domains, paths and reasons are printed as written, never read as console markup: a
+    # task_domain such as "[/]" would otherwise stop the command, or be restyled and vanish.
     console.print(
         f"rescored {summary.rescored} of {summary.records} records from {source}: "
         f"{summary.accepted_to_rejected} flipped accepted -> rejected, "
         f"{summary.rejected_to_accepted} flipped rejected -> accepted"
-        + (f"; {summary.dead_letters} dead letters passed through" if summary.dead_letters else "")
+        + (f"; {summary.dead_letters} dead letters passed through" if summary.dead_letters else ""),
+        markup=False,
     )
     decisions = Table(title="decisions")
     for column in ("", "before", "after", "change"):
@@ -193,7 +197,7 @@ def print_summary(console: Console, summary: RescoreSummary, source: str) -> Non
             ),
         )
         for name, tally in ranked[:MAX_DOMAIN_ROWS]:
-            domains.add_row(name, *map(str, vars(tally).values()))  # the columns, in order
+            domains.add_row(Text(name), *map(str, vars(tally).values()))  # the columns, in order
         if len(ranked) > MAX_DOMAIN_ROWS:
             domains.caption = f"{len(ranked) - MAX_DOMAIN_ROWS} more domains in --json"
         console.print(domains)
@@ -211,5 +215,5 @@ def print_summary(console: Console, summary: RescoreSummary, source: str) -> Non
         for reason, count in sorted(summary.unrescorable.items()):
             example = next((e for e in summary.examples if e["reason"] == reason), None)
             text = f"{example['at']}: {example['detail']}" if example else ""
-            table.add_row(reason, str(count), text)
+            table.add_row(reason, str(count), Text(text))
         console.print(table)

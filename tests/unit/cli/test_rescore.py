@@ -365,3 +365,23 @@ def test_replay_bins_score_changes_as_rescore_does() -> None:
     assert [(label, count) for label, _, _, count in delta_rows(replay.histogram)] == list(
         replay.delta_histogram()
     )
+
+
+def test_domains_are_printed_as_written_not_as_console_markup(
+    model_scorer: Scorer, tmp_path: Path, capsys
+) -> None:
+    """A producer chooses task_domain: one that reads as console markup ("[/]" stopped the
+    command with a MarkupError; "[bold]b" lost its brackets) is printed as it is, as is the
+    path of the file read."""
+    lines = []
+    for index, domain in enumerate(["[/]", "[bold]b", "[red]"]):
+        trace = orjson.loads(example_lines()[index])
+        trace["metadata"]["task_domain"] = domain
+        lines.append(orjson.dumps(trace))
+    source = tmp_path / "runs[/x].jsonl"  # a path holding a closing tag, "[/x]"
+    source.parent.mkdir()
+    source.write_bytes(jsonl(score_file(model_scorer, lines)))
+    assert main(["rescore", str(source), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    for shown in ("[/]", "[bold]b", "[red]", f"from {source}:"):
+        assert shown in err, err
