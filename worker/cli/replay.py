@@ -142,6 +142,11 @@ def replay(
     from worker.core.scorer import build_scorer
 
     settings = cli.checked_settings(profiles, threshold, quieter=True)
+    live = {*output_topics(settings).values(), settings.input_topic, topic}
+    if live & set(prefixed_topics(output_prefix).values()):
+        cli.fail(
+            f"--output-prefix {output_prefix!r} would write into a topic being read or a live topic"
+        )
     scorer = build_scorer(settings)
     scope = cli.TopicRange(topics=[topic], **bounds)
     summary = progress.with_record_progress(
