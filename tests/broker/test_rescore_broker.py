@@ -217,3 +217,31 @@ def test_a_partition_the_topic_lacks_is_a_bad_range(
     assert (
         done.stderr.strip().splitlines()[-1] == f"kp-scorer: topic {topic!r} has no partitions [5]"
     )
+
+
+@pytest.mark.parametrize("command", ["replay", "rescore"])
+def test_a_range_ending_past_the_log_stops_at_its_end(
+    kafka_bootstrap: str, new_topic_name, command: str
+) -> None:
+    """--to-offset past the last record (and so past every record of an empty partition)
+    ends the range where the partition ends, as no --to-offset does. It used to wait 30 s for
+    records that do not exist, then blame Kafka with exit 1."""
+    topic = new_topic_name("past-end")
+    create_topics(kafka_bootstrap, [topic], partitions=2)
+    examples = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
+    produce(kafka_bootstrap, topic, [(b"k", line, 0, []) for line in examples[:3]])
+    argv = ["--topic", topic, "--to-offset", "1000", "--output-prefix", new_topic_name("out")]
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", command, *argv]
+        + (["--from-topics", "--json"] if command == "rescore" else []),
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    if command == "rescore":  # raw traces: read, and not re-scored
+        assert orjson.loads(done.stdout)["records"] == 3
+    else:
+        assert "replayed 3 records into" in done.stderr

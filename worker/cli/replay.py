@@ -93,7 +93,9 @@ async def _replay(
             on_progress(0, total)
         end_ms = cli.epoch_ms(scope.to_time)
         for _, partition, start in plan:
-            async for chunk in iterate.iter_range(topic, partition, start, scope.to_offset, end_ms):
+            async for chunk in iterate.iter_range(
+                topic, partition, start, scope.to_offset, end_ms, end_may_pass_the_log=True
+            ):
                 for offset in range(0, len(chunk), CHUNK_RECORDS):
                     routed = await stream.process(chunk[offset : offset + CHUNK_RECORDS])
                     _tally(summary, routed, original)

@@ -131,7 +131,9 @@ async def rescore_topics(
         on_progress(0, total)
         from_ms, end_ms = cli.epoch_ms(scope.from_time), cli.epoch_ms(scope.to_time)
         for topic, partition, start in plan:
-            async for chunk in reader.iter_range(topic, partition, start, scope.to_offset, end_ms):
+            async for chunk in reader.iter_range(
+                topic, partition, start, scope.to_offset, end_ms, end_may_pass_the_log=True
+            ):
                 routed = []
                 lines = []
                 for record in chunk:
