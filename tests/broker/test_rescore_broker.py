@@ -245,3 +245,47 @@ def test_a_range_ending_past_the_log_stops_at_its_end(
         assert orjson.loads(done.stdout)["records"] == 3
     else:
         assert "replayed 3 records into" in done.stderr
+
+
+def test_replay_compares_with_the_live_outputs_it_can_read(
+    kafka_bootstrap: str, new_topic_name
+) -> None:
+    """The live output topics are only compared with: a record there that is no output (not
+    JSON, an array, a source of the wrong type, no score) is passed over. It used to end the
+    replay with exit 2 and the JSON parser's message, as if the range were wrong."""
+    topic = new_topic_name("compare")
+    create_topics(kafka_bootstrap, [topic], partitions=1)
+    examples = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
+    produce(kafka_bootstrap, topic, [(b"k", examples[0], 0, [])])
+    live = {name: new_topic_name(f"live-{name}") for name in ("accepted", "rejected")}
+    create_topics(kafka_bootstrap, list(live.values()), partitions=1)
+    readable = {"source": {"topic": topic, "partition": 0, "offset": 0}, "score": {"score": 1.0}}
+    odd = [
+        b"not json",
+        b"[1, 2]",
+        orjson.dumps({"source": "elsewhere"}),
+        orjson.dumps({"source": {"topic": topic, "partition": [0], "offset": 0}}),
+        orjson.dumps({"source": {"topic": topic, "partition": 0, "offset": 0}}),
+    ]
+    produce(
+        kafka_bootstrap,
+        live["accepted"],
+        [(b"k", v, 0, []) for v in [*odd, orjson.dumps(readable)]],
+    )
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "KP_ACCEPTED_TOPIC": live["accepted"],
+        "KP_REJECTED_TOPIC": live["rejected"],
+    }
+    argv = ["replay", "--topic", topic, "--output-prefix", new_topic_name("out")]
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "compared with the live outputs: 1 records" in done.stderr

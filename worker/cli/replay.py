@@ -58,11 +58,16 @@ async def original_decisions(
         for partition in await reader.partitions(output):
             async for chunk in reader.iter_range(output, partition, 0):
                 for record in chunk:
-                    value = orjson.loads(record.value or b"{}")
-                    source = value.get("source", {})
-                    if source.get("topic") == topic:
-                        key = (source["partition"], source["offset"])
-                        found.setdefault(key, (decision.value, value["score"]["score"]))
+                    try:
+                        value = orjson.loads(record.value or b"{}")
+                        source = value.get("source", {})
+                        if source.get("topic") == topic:
+                            key = (source["partition"], source["offset"])
+                            found.setdefault(key, (decision.value, float(value["score"]["score"])))
+                    except (ValueError, KeyError, TypeError, AttributeError):
+                        # Not an output this version reads (another producer's record, an
+                        # older shape): nothing to compare with, not a reason to stop the replay.
+                        continue
     return found
 
 
