@@ -289,3 +289,18 @@ def test_replay_compares_with_the_live_outputs_it_can_read(
     )
     assert done.returncode == 0, done.stderr
     assert "compared with the live outputs: 1 records" in done.stderr
+
+
+def test_rescore_writes_no_line_for_dead_letters(
+    kafka_bootstrap: str, new_topic_name, tmp_path: Path
+) -> None:
+    """Dead letters read from a topic are counted, and have no line in --output: a chunk of
+    them alone wrote an empty line, which a later `rescore` of the file reads as not JSON."""
+    topic = new_topic_name("dead")
+    create_topics(kafka_bootstrap, [topic], partitions=1)
+    header = [("kp-error-kind", b"invalid_json")]
+    produce(kafka_bootstrap, topic, [(b"k", b"not json", 0, header)] * 3)
+    output = tmp_path / "rescored.jsonl"
+    summary = rescore(kafka_bootstrap, {}, "--topic", topic, "--output", str(output))
+    assert summary["dead_letters"] == 3
+    assert output.read_bytes() == b""

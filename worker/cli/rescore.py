@@ -151,7 +151,7 @@ async def rescore_topics(
                     lines.append(_output_line(summary, result, where, {"record": at}))
                 if publisher is not None and routed:
                     await publisher.publish(routed)
-                if out is not None:
+                if out is not None and lines:  # none: dead letters, or before the range
                     out.write(b"\n".join(lines) + b"\n")
                 on_progress(len(chunk), total)
         if out is not None:
