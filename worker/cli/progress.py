@@ -52,7 +52,8 @@ def read_lines_with_progress(
     run: Callable[[BinaryIO, Callable[[int, int], None]], T],
 ) -> T:
     """Open FILE (or stdin for ``-``) and run over it under a progress bar in bytes and lines;
-    a FILE that does not exist ends the command."""
+    a FILE that does not exist or cannot be read ends the command. FILE may be a pipe, as
+    ``<(zcat traces.jsonl.gz)`` gives (its size is then unknown)."""
     if file in (None, "-"):
         stream, total = sys.stdin.buffer, None
         if sys.stdin.isatty():  # a person who forgot the file would otherwise see nothing
@@ -61,9 +62,13 @@ def read_lines_with_progress(
         path = Path(file)
         if path.is_dir():
             cli.fail(f"{path} is a directory; give a JSONL file")
-        if not path.is_file():
+        if not path.exists():
             cli.fail(f"no such file: {path}")
-        stream, total = path.open("rb"), path.stat().st_size
+        try:
+            stream = path.open("rb")
+        except OSError as exc:
+            cli.fail(f"cannot read {path}: {exc.strerror or exc}")
+        total = path.stat().st_size if path.is_file() else None
     columns = (
         bars.DownloadColumn(),
         bars.TransferSpeedColumn(),
