@@ -92,6 +92,16 @@ class Recorded:
         return ", ".join(topics)
 
 
+def refuse_writing_over(file: str | None, output: str | None) -> None:
+    """End the command (exit 2) when ``output`` is the FILE it reads: opening it for writing
+    would empty it before a line is read, and the recorded outputs would be lost."""
+    if file in (None, "-") or output in (None, "-"):
+        return
+    with contextlib.suppress(OSError):  # either missing: not the same file
+        if Path(file).samefile(output):
+            cli.fail(f"--output {output} is the FILE being read; write to another path")
+
+
 def recorded_outputs(topics: str, default_topics: str) -> Callable[[cli.F], cli.F]:
     """What `rescore` and `report` read, handed to the command as one :class:`Recorded`: a
     file of scored outputs, or a range of topics. The range is of the topics read (offsets and
@@ -150,6 +160,7 @@ def rescore(
 
     settings, rescorer = recorded.start(what_if, "human")
     output = output if output is not None else (None if recorded.from_topics else "-")
+    refuse_writing_over(recorded.file, output)
     with contextlib.ExitStack() as opened:
         out_stream = None
         if output is not None:  # "-": stdout, which closing leaves open
@@ -211,6 +222,7 @@ def report(
 
     settings, rescorer = recorded.start(what_if, "json", need_file=True)
     output = output if output is not None else (None if as_json else "report.html")
+    refuse_writing_over(recorded.file, output)
     if output is not None:
         try:  # a missing extra fails at once, before anything is read
             figure_class()

@@ -385,3 +385,17 @@ def test_domains_are_printed_as_written_not_as_console_markup(
     err = capsys.readouterr().err
     for shown in ("[/]", "[bold]b", "[red]", f"from {source}:"):
         assert shown in err, err
+
+
+@pytest.mark.parametrize("command", ["rescore", "report"])
+def test_output_over_the_file_read_is_refused(
+    command: str, recorded: list[bytes], tmp_path: Path, capsys
+) -> None:
+    """`rescore scored.jsonl --output scored.jsonl` emptied the file before reading it (and
+    exited 0: "rescored 0 of 0 records"); `report` wrote its page over it."""
+    source = tmp_path / "scored.jsonl"
+    source.write_bytes(jsonl(recorded))
+    (tmp_path / "link.jsonl").symlink_to(source)
+    assert main([command, str(source), "--output", str(tmp_path / "link.jsonl")]) == 2
+    assert "is the FILE being read" in capsys.readouterr().err
+    assert source.read_bytes() == jsonl(recorded)
