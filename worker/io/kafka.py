@@ -301,6 +301,10 @@ class PartitionLogReader:
             chunk = []
             for message in messages:
                 record = source_record(message, message.timestamp)
+                if record.offset < start:
+                    # Before the range: the client went back to the log's start, as it does
+                    # (auto_offset_reset) when Kafka answers a start past the end out of range.
+                    continue
                 if stop_at is not None and record.offset >= stop_at:
                     break
                 if end_time_ms is not None and record.timestamp_ms >= end_time_ms:
