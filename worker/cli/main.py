@@ -149,8 +149,9 @@ def _iso(value: str) -> datetime:
 
 
 def _partition_list(value: str) -> list[int]:
+    """The partitions named, each once (one named twice would be read, and counted, twice)."""
     try:
-        return [int(p) for p in value.split(",") if p.strip()]
+        return list(dict.fromkeys(int(p) for p in value.split(",") if p.strip()))
     except ValueError:
         raise click.BadParameter(f"expected partitions like 0,1,2: {value!r}") from None
 
