@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from worker import __version__
-from worker.logs import configure_logging
+from worker.logs import configure_logging, error_line
 from worker.settings import Settings, SettingsError, load_settings, unknown_variables
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ EXIT_METRICS_PORT = 2
 EXIT_BROKEN_PIPE = 128 + 13
 # `replay`, `rescore --from-topics`: the broker is unreachable, or stopped answering.
 EXIT_UNREACHABLE = 1
+# The output could not be written (a full disk) or the input read, once the command began.
+EXIT_IO_ERROR = 1
 # Ctrl-C: what a shell reports for a command ended by SIGINT.
 EXIT_INTERRUPTED = 128 + 2
 # `check` found something this installation cannot do.
@@ -380,6 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _discard_stdout()
         return EXIT_BROKEN_PIPE
+    except OSError as exc:  # the output cannot be written (a full disk), or the input read
+        _discard_stdout()
+        say(f"kp-scorer: {error_line(exc)}", "red")
+        return EXIT_IO_ERROR
     except KeyboardInterrupt:  # Ctrl-C outside a read of topics (loading the model, ...)
         say("kp-scorer: interrupted", "red")
         return EXIT_INTERRUPTED

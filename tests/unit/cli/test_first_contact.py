@@ -484,3 +484,29 @@ def test_a_file_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
         done = kp_scorer("score", str(path), "--no-embedder")
     assert done.returncode == 2
     assert done.stderr.strip().startswith(f"kp-scorer: cannot read {path}: "), done.stderr
+
+
+@pytest.mark.parametrize("command", ["score", "rescore", "settings"])
+def test_an_output_that_cannot_be_written_is_one_line(command: str, tmp_path: Path) -> None:
+    """`kp-scorer score traces.jsonl > out.jsonl` on a full disk: one line saying so, exit 1,
+    not a traceback (and no second complaint when the interpreter flushes stdout at exit)."""
+    traces = tmp_path / "traces.jsonl"
+    traces.write_bytes(GOOD + b"\n")
+    args = {
+        "score": [str(traces), "--no-embedder", "--quiet"],
+        "rescore": [str(traces), "--quiet"],
+        "settings": [],
+    }
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker.cli", command, *args[command]],
+            env=command_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == "kp-scorer: OSError: [Errno 28] No space left on device\n"
