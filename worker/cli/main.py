@@ -135,8 +135,11 @@ def bar_table(
 
 
 def name_of(file: str | None) -> str:
-    """How a line source is named in outputs: the path, or ``stdin``."""
-    return "stdin" if file in (None, "-") else str(Path(file))
+    """How a line source is named in outputs: the path, or ``stdin``. Outputs are UTF-8 JSON,
+    and a file name may hold other bytes (a Latin-1 name): those are replaced."""
+    if file in (None, "-"):
+        return "stdin"
+    return os.fsencode(Path(file)).decode("utf-8", "replace")
 
 
 # --- flag values (a bad one is a usage error naming the flag) ------------------------------

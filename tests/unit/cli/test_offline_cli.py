@@ -238,6 +238,19 @@ def test_cli_default_threshold(mixed_file: Path, capsys: pytest.CaptureFixture[s
     assert "accepted=0, rejected=2, dead_letter=3" in captured.err
 
 
+def test_cli_score_file_whose_name_is_not_utf8(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Latin-1 file name ("caf\xe9.jsonl") is named with its byte replaced in each output's
+    source; every line failed to be written (a surrogate is no UTF-8) and the command ended
+    in a traceback."""
+    path = tmp_path / os.fsdecode(b"caf\xe9.jsonl")
+    path.write_bytes(GOOD_REVIEW + b"\n")
+    assert main(["score", str(path), "--no-embedder", "--quiet"]) == 0
+    (record,) = output_records(capsys.readouterr().out)
+    assert record["source"]["topic"] == f"{tmp_path}/caf\ufffd.jsonl"
+
+
 def test_cli_reads_stdin(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
