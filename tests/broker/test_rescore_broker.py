@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from worker import __version__
 from worker.core.score_report import AcceptanceCurve
@@ -304,3 +306,40 @@ def test_rescore_writes_no_line_for_dead_letters(
     summary = rescore(kafka_bootstrap, {}, "--topic", topic, "--output", str(output))
     assert summary["dead_letters"] == 3
     assert output.read_bytes() == b""
+
+
+@pytest.mark.parametrize("command", ["replay", "rescore"])
+def test_a_topic_that_does_not_exist_is_a_bad_range_and_is_not_made(
+    kafka_bootstrap: str, new_topic_name, command: str
+) -> None:
+    """A misspelt --topic is said to be missing (exit 2). Asking the broker for it by name
+    made it (brokers create topics on first use by default), and the command read it as an
+    empty topic: exit 0, 0 records, and a stray topic left on the cluster."""
+    topic = new_topic_name("misspelt")
+    argv = ["--topic", topic, "--output-prefix", new_topic_name("out")]
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", command, *argv]
+        + (["--from-topics"] if command == "rescore" else []),
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"kp-scorer: topic {topic!r} does not exist or has no partitions"
+    )
+    assert topic not in list_topics(kafka_bootstrap)
+
+
+def list_topics(bootstrap: str) -> list[str]:
+    async def listed() -> list[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            return await admin.list_topics()
+        finally:
+            await admin.close()
+
+    return asyncio.run(listed())

@@ -227,8 +227,12 @@ class PartitionLogReader:
         return (await self._consumer.beginning_offsets([tp]))[tp]
 
     async def partitions(self, topic: str) -> list[int]:
-        """The partitions of a topic (none when it does not exist), from the broker's metadata."""
+        """The partitions of a topic (none when it does not exist), from the broker's metadata.
+        A topic asked for by name is created by a broker that creates topics on first use
+        (Apache Kafka's default): a misspelt topic would be made, and read as empty."""
         async with _admin(self._settings) as admin:
+            if topic not in await admin.list_topics():
+                return []
             return await _partitions(admin, topic)
 
     async def probe(
