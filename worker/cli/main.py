@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -159,6 +160,23 @@ def _partition_list(value: str) -> list[int]:
         return list(dict.fromkeys(int(p) for p in value.split(",") if p.strip()))
     except ValueError:
         raise click.BadParameter(f"expected partitions like 0,1,2: {value!r}") from None
+
+
+# What Apache Kafka allows in a topic name (some brokers accept more; a cluster refuses it).
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_LONGEST_SUFFIX = ".dead-letter"
+
+
+def topic_prefix(value: str) -> str:
+    """``--output-prefix``: PREFIX.accepted, .rejected and .dead-letter must be legal topic
+    names, or the cluster refuses to make them (said as if Kafka were unreachable)."""
+    name = value + _LONGEST_SUFFIX
+    if not _TOPIC_NAME.fullmatch(name):
+        raise click.BadParameter(
+            f"{value!r}: topic names are letters, digits, '.', '_' and '-', at most "
+            f"{249 - len(_LONGEST_SUFFIX)} characters before {_LONGEST_SUFFIX}"
+        )
+    return value
 
 
 def _domain_threshold(value: str) -> tuple[str, float]:

@@ -141,7 +141,12 @@ def recorded_outputs(topics: str, default_topics: str) -> Callable[[cli.F], cli.
     help="re-score recorded outputs with other profiles/thresholds (recorded novelty, no model)",
 )
 @recorded_outputs("the accepted and rejected topics", "KP_ACCEPTED_TOPIC and KP_REJECTED_TOPIC")
-@click.option("--output-prefix", help="with --from-topics: publish to PREFIX.accepted/.rejected")
+@click.option(
+    "--output-prefix",
+    type=cli.topic_prefix,
+    metavar="PREFIX",
+    help="with --from-topics: publish to PREFIX.accepted/.rejected",
+)
 @click.option(
     "--output",
     metavar="PATH",

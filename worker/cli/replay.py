@@ -137,7 +137,13 @@ def _tally(
 )
 @click.option("--topic", required=True, help="topic to re-score")
 @cli.range_options("record")
-@click.option("--output-prefix", required=True, help="writes PREFIX.accepted etc.")
+@click.option(
+    "--output-prefix",
+    type=cli.topic_prefix,
+    metavar="PREFIX",
+    required=True,
+    help="writes PREFIX.accepted etc.",
+)
 @cli.what_if_options
 def replay(
     topic: str,
