@@ -73,12 +73,13 @@ def _event_time_ms(document: Any) -> int:
     if not isinstance(created, str):
         return 0
     # RFC 3339 allows a lower-case t and z, which fromisoformat refuses, and a leap second
-    # (23:59:60), which datetime cannot hold: it is read as the second after 23:59:59.
+    # (23:59:60), which datetime cannot hold: it is read as the second after 23:59:59, added
+    # to the time since the epoch (the second after 9999-12-31T23:59:59 is no datetime).
     text, leap = created.upper(), timedelta(0)
     if text[16:19] == ":60":
         text, leap = f"{text[:17]}59{text[19:]}", timedelta(seconds=1)
     try:
-        moment = datetime.fromisoformat(text) + leap
+        moment = datetime.fromisoformat(text)
     except ValueError:
         return 0
     if moment.tzinfo is None:
@@ -86,7 +87,7 @@ def _event_time_ms(document: Any) -> int:
         # where the file is scored.
         moment = moment.replace(tzinfo=UTC)
     # Integer arithmetic: float seconds * 1000 truncates about 1 % of times 1 ms short.
-    return (moment - _EPOCH) // timedelta(milliseconds=1)
+    return (moment - _EPOCH + leap) // timedelta(milliseconds=1)
 
 
 class LineRecords:

@@ -178,6 +178,10 @@ def test_partition_by_a_value_too_deep_to_serialise_does_not_crash() -> None:
         ("0001-01-01T00:00:00+01:00", -62_135_600_400_000),
         ("0001-01-01T00:00:00", -62_135_596_800_000),
         ("9999-12-31T23:59:59-01:00", 253_402_304_399_000),
+        # the last leap second datetime can name: the second after it is year 10000, which
+        # stopped the whole file with an OverflowError
+        ("9999-12-31T23:59:60Z", 253_402_300_800_000),
+        ("9999-12-31T23:59:60-01:00", 253_402_304_400_000),
     ],
 )
 def test_event_time_is_exact_milliseconds(created_at: str, expected_ms: int) -> None:
