@@ -244,7 +244,8 @@ def report(
             cli.fail(f"cannot write {output}: {exc}")
         cli.err_console.print(
             f"report of {scores.rescored} scored records and {scores.dead_letters} dead "
-            f"letters from {source} written to {output}"
+            f"letters from {source} written to {output}",
+            markup=False,  # paths as written: one may hold "[/x]", which reads as markup
         )
     if as_json:
         cli.print_json({"source": source, **numbers})

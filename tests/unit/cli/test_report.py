@@ -226,3 +226,16 @@ def test_domains_are_drawn_as_written_not_as_math(corpus: Path, tmp_path: Path) 
     charts = page.read_text().split('data-chart="score_by_domain"')[1].split("</figure>")[0]
     for domain in domains:
         assert domain in charts
+
+
+def test_paths_are_printed_as_written(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A path holding "[/x]" read as console markup: the report was written, then the line
+    saying so stopped the command with a MarkupError (exit 1, a traceback)."""
+    source = tmp_path / "runs[/x].jsonl"
+    source.parent.mkdir()
+    source.write_bytes(b"".join(corpus.read_bytes().splitlines(keepends=True)[:20]))
+    page = tmp_path / "runs[/page].html"
+    assert main(["report", str(source), "--output", str(page), "--quiet"]) == 0
+    assert f"from {source} written to {page}" in " ".join(capsys.readouterr().err.split())
