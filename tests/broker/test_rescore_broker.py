@@ -343,3 +343,26 @@ def list_topics(bootstrap: str) -> list[str]:
             await admin.close()
 
     return asyncio.run(listed())
+
+
+def test_an_output_file_that_cannot_be_written_is_not_blamed_on_kafka(
+    kafka_bootstrap: str, new_topic_name
+) -> None:
+    """`rescore --from-topics --output FILE` on a full disk says so (exit 1): it used to say
+    "Kafka unreachable at ...: OSError: [Errno 28] No space left on device"."""
+    topic = new_topic_name("full")
+    create_topics(kafka_bootstrap, [topic], partitions=1)
+    examples = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
+    produce(kafka_bootstrap, topic, [(b"k", line, 0, []) for line in examples[:3]])
+    argv = ["--from-topics", "--topic", topic, "--output", "/dev/full", "--quiet"]
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "rescore", *argv],
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == "kp-scorer: cannot write the output: No space left on device", done.stderr

@@ -20,6 +20,11 @@ from worker.settings import Settings
 T = TypeVar("T")
 
 
+class OutputUnwritableError(Exception):
+    """The command's output file cannot be written (a full disk) while it reads topics: the
+    file's failure, not the broker's."""
+
+
 @contextmanager
 def _bar(verb: str, *columns: Any, quiet: bool, **fields: Any) -> Iterator[bars.Progress]:
     """A progress bar of one task; cut short (`| head`, Ctrl-C, an error), it is taken off
@@ -110,6 +115,8 @@ def with_record_progress(
             return run(advance)
     except ValueError as exc:
         cli.fail(str(exc))
+    except OutputUnwritableError as exc:
+        cli.fail(str(exc), cli.EXIT_IO_ERROR)
     except (KafkaError, OSError) as exc:
         where = settings.kafka_bootstrap_servers
         cli.fail(f"Kafka unreachable at {where}: {error_line(exc)}", cli.EXIT_UNREACHABLE)

@@ -102,6 +102,22 @@ def refuse_writing_over(file: str | None, output: str | None) -> None:
             cli.fail(f"--output {output} is the FILE being read; write to another path")
 
 
+def _closed_after(stream: IO[bytes]) -> Callable[..., bool]:
+    """An exit callback that closes the output as its context would (stdout stays open).
+    After a failure (a full disk, said already) closing fails again, flushing what is left:
+    that is no second error."""
+
+    def close(failure: type[BaseException] | None, *_: Any) -> bool:
+        try:
+            stream.__exit__(None, None, None)
+        except OSError:
+            if failure is None:
+                raise
+        return False
+
+    return close
+
+
 def recorded_outputs(topics: str, default_topics: str) -> Callable[[cli.F], cli.F]:
     """What `rescore` and `report` read, handed to the command as one :class:`Recorded`: a
     file of scored outputs, or a range of topics. The range is of the topics read (offsets and
@@ -170,9 +186,10 @@ def rescore(
         out_stream = None
         if output is not None:  # "-": stdout, which closing leaves open
             try:
-                out_stream = opened.enter_context(click.open_file(output, "wb"))
+                out_stream = click.open_file(output, "wb")
             except OSError as exc:
                 cli.fail(f"cannot write {output}: {exc}")
+            opened.push(_closed_after(out_stream))
         summary = RescoreSummary()
         source = recorded.read(settings, rescorer, out_stream, quiet, summary)
     # The summary goes to stdout unless the re-scored records do.

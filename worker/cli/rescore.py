@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from worker.cli import main as cli
+from worker.cli import progress
 from worker.core.output import ERROR_KIND_HEADER
 from worker.core.records import Decision
 from worker.core.rescoring import (
@@ -152,12 +153,26 @@ async def rescore_topics(
                 if publisher is not None and routed:
                     await publisher.publish(routed)
                 if out is not None and lines:  # none: dead letters, or before the range
-                    out.write(b"\n".join(lines) + b"\n")
+                    _write(out, b"\n".join(lines) + b"\n")
                 on_progress(len(chunk), total)
         if out is not None:
-            out.flush()
+            _write(out, b"")
     finally:
         await stop_all(publisher, reader)
+
+
+def _write(out: IO[bytes], data: bytes) -> None:
+    """Write (and with no data, flush) the --output file. Its failure (a full disk) is the
+    file's: an OSError here would be read as Kafka's, "Kafka unreachable"."""
+    try:
+        if data:
+            out.write(data)
+        else:
+            out.flush()
+    except OSError as exc:
+        raise progress.OutputUnwritableError(
+            f"cannot write the output: {exc.strerror or exc}"
+        ) from exc
 
 
 # --- summary --------------------------------------------------------------------------------
