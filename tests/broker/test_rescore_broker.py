@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from worker import __version__
 from worker.core.score_report import AcceptanceCurve
@@ -217,3 +219,150 @@ def test_a_partition_the_topic_lacks_is_a_bad_range(
     assert (
         done.stderr.strip().splitlines()[-1] == f"kp-scorer: topic {topic!r} has no partitions [5]"
     )
+
+
+@pytest.mark.parametrize("command", ["replay", "rescore"])
+def test_a_range_ending_past_the_log_stops_at_its_end(
+    kafka_bootstrap: str, new_topic_name, command: str
+) -> None:
+    """--to-offset past the last record (and so past every record of an empty partition)
+    ends the range where the partition ends, as no --to-offset does. It used to wait 30 s for
+    records that do not exist, then blame Kafka with exit 1."""
+    topic = new_topic_name("past-end")
+    create_topics(kafka_bootstrap, [topic], partitions=2)
+    examples = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
+    produce(kafka_bootstrap, topic, [(b"k", line, 0, []) for line in examples[:3]])
+    argv = ["--topic", topic, "--to-offset", "1000", "--output-prefix", new_topic_name("out")]
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", command, *argv]
+        + (["--from-topics", "--json"] if command == "rescore" else []),
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    if command == "rescore":  # raw traces: read, and not re-scored
+        assert orjson.loads(done.stdout)["records"] == 3
+    else:
+        assert "replayed 3 records into" in done.stderr
+
+
+def test_replay_compares_with_the_live_outputs_it_can_read(
+    kafka_bootstrap: str, new_topic_name
+) -> None:
+    """The live output topics are only compared with: a record there that is no output (not
+    JSON, an array, a source of the wrong type, no score) is passed over. It used to end the
+    replay with exit 2 and the JSON parser's message, as if the range were wrong."""
+    topic = new_topic_name("compare")
+    create_topics(kafka_bootstrap, [topic], partitions=1)
+    examples = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
+    produce(kafka_bootstrap, topic, [(b"k", examples[0], 0, [])])
+    live = {name: new_topic_name(f"live-{name}") for name in ("accepted", "rejected")}
+    create_topics(kafka_bootstrap, list(live.values()), partitions=1)
+    readable = {"source": {"topic": topic, "partition": 0, "offset": 0}, "score": {"score": 1.0}}
+    odd = [
+        b"not json",
+        b"[1, 2]",
+        orjson.dumps({"source": "elsewhere"}),
+        orjson.dumps({"source": {"topic": topic, "partition": [0], "offset": 0}}),
+        orjson.dumps({"source": {"topic": topic, "partition": 0, "offset": 0}}),
+    ]
+    produce(
+        kafka_bootstrap,
+        live["accepted"],
+        [(b"k", v, 0, []) for v in [*odd, orjson.dumps(readable)]],
+    )
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "KP_ACCEPTED_TOPIC": live["accepted"],
+        "KP_REJECTED_TOPIC": live["rejected"],
+    }
+    argv = ["replay", "--topic", topic, "--output-prefix", new_topic_name("out")]
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "compared with the live outputs: 1 records" in done.stderr
+
+
+def test_rescore_writes_no_line_for_dead_letters(
+    kafka_bootstrap: str, new_topic_name, tmp_path: Path
+) -> None:
+    """Dead letters read from a topic are counted, and have no line in --output: a chunk of
+    them alone wrote an empty line, which a later `rescore` of the file reads as not JSON."""
+    topic = new_topic_name("dead")
+    create_topics(kafka_bootstrap, [topic], partitions=1)
+    header = [("kp-error-kind", b"invalid_json")]
+    produce(kafka_bootstrap, topic, [(b"k", b"not json", 0, header)] * 3)
+    output = tmp_path / "rescored.jsonl"
+    summary = rescore(kafka_bootstrap, {}, "--topic", topic, "--output", str(output))
+    assert summary["dead_letters"] == 3
+    assert output.read_bytes() == b""
+
+
+@pytest.mark.parametrize("command", ["replay", "rescore"])
+def test_a_topic_that_does_not_exist_is_a_bad_range_and_is_not_made(
+    kafka_bootstrap: str, new_topic_name, command: str
+) -> None:
+    """A misspelt --topic is said to be missing (exit 2). Asking the broker for it by name
+    made it (brokers create topics on first use by default), and the command read it as an
+    empty topic: exit 0, 0 records, and a stray topic left on the cluster."""
+    topic = new_topic_name("misspelt")
+    argv = ["--topic", topic, "--output-prefix", new_topic_name("out")]
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", command, *argv]
+        + (["--from-topics"] if command == "rescore" else []),
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"kp-scorer: topic {topic!r} does not exist or has no partitions"
+    )
+    assert topic not in list_topics(kafka_bootstrap)
+
+
+def list_topics(bootstrap: str) -> list[str]:
+    async def listed() -> list[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            return await admin.list_topics()
+        finally:
+            await admin.close()
+
+    return asyncio.run(listed())
+
+
+def test_an_output_file_that_cannot_be_written_is_not_blamed_on_kafka(
+    kafka_bootstrap: str, new_topic_name
+) -> None:
+    """`rescore --from-topics --output FILE` on a full disk says so (exit 1): it used to say
+    "Kafka unreachable at ...: OSError: [Errno 28] No space left on device"."""
+    topic = new_topic_name("full")
+    create_topics(kafka_bootstrap, [topic], partitions=1)
+    examples = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
+    produce(kafka_bootstrap, topic, [(b"k", line, 0, []) for line in examples[:3]])
+    argv = ["--from-topics", "--topic", topic, "--output", "/dev/full", "--quiet"]
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "rescore", *argv],
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == "kp-scorer: cannot write the output: No space left on device", done.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -20,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from worker import __version__
-from worker.logs import configure_logging
+from worker.logs import configure_logging, error_line
 from worker.settings import Settings, SettingsError, load_settings, unknown_variables
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ EXIT_METRICS_PORT = 2
 EXIT_BROKEN_PIPE = 128 + 13
 # `replay`, `rescore --from-topics`: the broker is unreachable, or stopped answering.
 EXIT_UNREACHABLE = 1
+# The output could not be written (a full disk) or the input read, once the command began.
+EXIT_IO_ERROR = 1
 # Ctrl-C: what a shell reports for a command ended by SIGINT.
 EXIT_INTERRUPTED = 128 + 2
 # `check` found something this installation cannot do.
@@ -133,8 +136,11 @@ def bar_table(
 
 
 def name_of(file: str | None) -> str:
-    """How a line source is named in outputs: the path, or ``stdin``."""
-    return "stdin" if file in (None, "-") else str(Path(file))
+    """How a line source is named in outputs: the path, or ``stdin``. Outputs are UTF-8 JSON,
+    and a file name may hold other bytes (a Latin-1 name): those are replaced."""
+    if file in (None, "-"):
+        return "stdin"
+    return os.fsencode(Path(file)).decode("utf-8", "replace")
 
 
 # --- flag values (a bad one is a usage error naming the flag) ------------------------------
@@ -149,10 +155,28 @@ def _iso(value: str) -> datetime:
 
 
 def _partition_list(value: str) -> list[int]:
+    """The partitions named, each once (one named twice would be read, and counted, twice)."""
     try:
-        return [int(p) for p in value.split(",") if p.strip()]
+        return list(dict.fromkeys(int(p) for p in value.split(",") if p.strip()))
     except ValueError:
         raise click.BadParameter(f"expected partitions like 0,1,2: {value!r}") from None
+
+
+# What Apache Kafka allows in a topic name (some brokers accept more; a cluster refuses it).
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_LONGEST_SUFFIX = ".dead-letter"
+
+
+def topic_prefix(value: str) -> str:
+    """``--output-prefix``: PREFIX.accepted, .rejected and .dead-letter must be legal topic
+    names, or the cluster refuses to make them (said as if Kafka were unreachable)."""
+    name = value + _LONGEST_SUFFIX
+    if not _TOPIC_NAME.fullmatch(name):
+        raise click.BadParameter(
+            f"{value!r}: topic names are letters, digits, '.', '_' and '-', at most "
+            f"{249 - len(_LONGEST_SUFFIX)} characters before {_LONGEST_SUFFIX}"
+        )
+    return value
 
 
 def _domain_threshold(value: str) -> tuple[str, float]:
@@ -379,6 +403,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _discard_stdout()
         return EXIT_BROKEN_PIPE
+    except OSError as exc:  # the output cannot be written (a full disk), or the input read
+        _discard_stdout()
+        say(f"kp-scorer: {error_line(exc)}", "red")
+        return EXIT_IO_ERROR
     except KeyboardInterrupt:  # Ctrl-C outside a read of topics (loading the model, ...)
         say("kp-scorer: interrupted", "red")
         return EXIT_INTERRUPTED

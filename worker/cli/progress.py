@@ -20,6 +20,11 @@ from worker.settings import Settings
 T = TypeVar("T")
 
 
+class OutputUnwritableError(Exception):
+    """The command's output file cannot be written (a full disk) while it reads topics: the
+    file's failure, not the broker's."""
+
+
 @contextmanager
 def _bar(verb: str, *columns: Any, quiet: bool, **fields: Any) -> Iterator[bars.Progress]:
     """A progress bar of one task; cut short (`| head`, Ctrl-C, an error), it is taken off
@@ -52,7 +57,8 @@ def read_lines_with_progress(
     run: Callable[[BinaryIO, Callable[[int, int], None]], T],
 ) -> T:
     """Open FILE (or stdin for ``-``) and run over it under a progress bar in bytes and lines;
-    a FILE that does not exist ends the command."""
+    a FILE that does not exist or cannot be read ends the command. FILE may be a pipe, as
+    ``<(zcat traces.jsonl.gz)`` gives (its size is then unknown)."""
     if file in (None, "-"):
         stream, total = sys.stdin.buffer, None
         if sys.stdin.isatty():  # a person who forgot the file would otherwise see nothing
@@ -61,9 +67,13 @@ def read_lines_with_progress(
         path = Path(file)
         if path.is_dir():
             cli.fail(f"{path} is a directory; give a JSONL file")
-        if not path.is_file():
+        if not path.exists():
             cli.fail(f"no such file: {path}")
-        stream, total = path.open("rb"), path.stat().st_size
+        try:
+            stream = path.open("rb")
+        except OSError as exc:
+            cli.fail(f"cannot read {path}: {exc.strerror or exc}")
+        total = path.stat().st_size if path.is_file() else None
     columns = (
         bars.DownloadColumn(),
         bars.TransferSpeedColumn(),
@@ -105,6 +115,8 @@ def with_record_progress(
             return run(advance)
     except ValueError as exc:
         cli.fail(str(exc))
+    except OutputUnwritableError as exc:
+        cli.fail(str(exc), cli.EXIT_IO_ERROR)
     except (KafkaError, OSError) as exc:
         where = settings.kafka_bootstrap_servers
         cli.fail(f"Kafka unreachable at {where}: {error_line(exc)}", cli.EXIT_UNREACHABLE)

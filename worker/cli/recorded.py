@@ -92,6 +92,32 @@ class Recorded:
         return ", ".join(topics)
 
 
+def refuse_writing_over(file: str | None, output: str | None) -> None:
+    """End the command (exit 2) when ``output`` is the FILE it reads: opening it for writing
+    would empty it before a line is read, and the recorded outputs would be lost."""
+    if file in (None, "-") or output in (None, "-"):
+        return
+    with contextlib.suppress(OSError):  # either missing: not the same file
+        if Path(file).samefile(output):
+            cli.fail(f"--output {output} is the FILE being read; write to another path")
+
+
+def _closed_after(stream: IO[bytes]) -> Callable[..., bool]:
+    """An exit callback that closes the output as its context would (stdout stays open).
+    After a failure (a full disk, said already) closing fails again, flushing what is left:
+    that is no second error."""
+
+    def close(failure: type[BaseException] | None, *_: Any) -> bool:
+        try:
+            stream.__exit__(None, None, None)
+        except OSError:
+            if failure is None:
+                raise
+        return False
+
+    return close
+
+
 def recorded_outputs(topics: str, default_topics: str) -> Callable[[cli.F], cli.F]:
     """What `rescore` and `report` read, handed to the command as one :class:`Recorded`: a
     file of scored outputs, or a range of topics. The range is of the topics read (offsets and
@@ -131,7 +157,12 @@ def recorded_outputs(topics: str, default_topics: str) -> Callable[[cli.F], cli.
     help="re-score recorded outputs with other profiles/thresholds (recorded novelty, no model)",
 )
 @recorded_outputs("the accepted and rejected topics", "KP_ACCEPTED_TOPIC and KP_REJECTED_TOPIC")
-@click.option("--output-prefix", help="with --from-topics: publish to PREFIX.accepted/.rejected")
+@click.option(
+    "--output-prefix",
+    type=cli.topic_prefix,
+    metavar="PREFIX",
+    help="with --from-topics: publish to PREFIX.accepted/.rejected",
+)
 @click.option(
     "--output",
     metavar="PATH",
@@ -150,13 +181,15 @@ def rescore(
 
     settings, rescorer = recorded.start(what_if, "human")
     output = output if output is not None else (None if recorded.from_topics else "-")
+    refuse_writing_over(recorded.file, output)
     with contextlib.ExitStack() as opened:
         out_stream = None
         if output is not None:  # "-": stdout, which closing leaves open
             try:
-                out_stream = opened.enter_context(click.open_file(output, "wb"))
+                out_stream = click.open_file(output, "wb")
             except OSError as exc:
                 cli.fail(f"cannot write {output}: {exc}")
+            opened.push(_closed_after(out_stream))
         summary = RescoreSummary()
         source = recorded.read(settings, rescorer, out_stream, quiet, summary)
     # The summary goes to stdout unless the re-scored records do.
@@ -211,6 +244,7 @@ def report(
 
     settings, rescorer = recorded.start(what_if, "json", need_file=True)
     output = output if output is not None else (None if as_json else "report.html")
+    refuse_writing_over(recorded.file, output)
     if output is not None:
         try:  # a missing extra fails at once, before anything is read
             figure_class()
@@ -227,7 +261,8 @@ def report(
             cli.fail(f"cannot write {output}: {exc}")
         cli.err_console.print(
             f"report of {scores.rescored} scored records and {scores.dead_letters} dead "
-            f"letters from {source} written to {output}"
+            f"letters from {source} written to {output}",
+            markup=False,  # paths as written: one may hold "[/x]", which reads as markup
         )
     if as_json:
         cli.print_json({"source": source, **numbers})

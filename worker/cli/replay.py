@@ -58,11 +58,16 @@ async def original_decisions(
         for partition in await reader.partitions(output):
             async for chunk in reader.iter_range(output, partition, 0):
                 for record in chunk:
-                    value = orjson.loads(record.value or b"{}")
-                    source = value.get("source", {})
-                    if source.get("topic") == topic:
-                        key = (source["partition"], source["offset"])
-                        found.setdefault(key, (decision.value, value["score"]["score"]))
+                    try:
+                        value = orjson.loads(record.value or b"{}")
+                        source = value.get("source", {})
+                        if source.get("topic") == topic:
+                            key = (source["partition"], source["offset"])
+                            found.setdefault(key, (decision.value, float(value["score"]["score"])))
+                    except (ValueError, KeyError, TypeError, AttributeError):
+                        # Not an output this version reads (another producer's record, an
+                        # older shape): nothing to compare with, not a reason to stop the replay.
+                        continue
     return found
 
 
@@ -93,7 +98,9 @@ async def _replay(
             on_progress(0, total)
         end_ms = cli.epoch_ms(scope.to_time)
         for _, partition, start in plan:
-            async for chunk in iterate.iter_range(topic, partition, start, scope.to_offset, end_ms):
+            async for chunk in iterate.iter_range(
+                topic, partition, start, scope.to_offset, end_ms, end_may_pass_the_log=True
+            ):
                 for offset in range(0, len(chunk), CHUNK_RECORDS):
                     routed = await stream.process(chunk[offset : offset + CHUNK_RECORDS])
                     _tally(summary, routed, original)
@@ -130,7 +137,13 @@ def _tally(
 )
 @click.option("--topic", required=True, help="topic to re-score")
 @cli.range_options("record")
-@click.option("--output-prefix", required=True, help="writes PREFIX.accepted etc.")
+@click.option(
+    "--output-prefix",
+    type=cli.topic_prefix,
+    metavar="PREFIX",
+    required=True,
+    help="writes PREFIX.accepted etc.",
+)
 @cli.what_if_options
 def replay(
     topic: str,
@@ -142,6 +155,11 @@ def replay(
     from worker.core.scorer import build_scorer
 
     settings = cli.checked_settings(profiles, threshold, quieter=True)
+    live = {*output_topics(settings).values(), settings.input_topic, topic}
+    if live & set(prefixed_topics(output_prefix).values()):
+        cli.fail(
+            f"--output-prefix {output_prefix!r} would write into a topic being read or a live topic"
+        )
     scorer = build_scorer(settings)
     scope = cli.TopicRange(topics=[topic], **bounds)
     summary = progress.with_record_progress(

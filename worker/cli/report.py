@@ -42,6 +42,9 @@ def figure_class() -> type[Figure]:
         {
             "svg.fonttype": "none",  # text stays text: smaller, and the browser's own font
             "svg.hashsalt": "kp-scorer",  # the same ids on every run
+            # Domains are producers' text: "$...$" in one is drawn as written, not typeset as
+            # math (an unknown command such as "$\\foo$" would stop the whole page).
+            "text.parse_math": False,
             "font.family": "sans-serif",
             "font.size": 9,
             "axes.spines.top": False,

@@ -18,8 +18,10 @@ from typing import IO, TYPE_CHECKING, Any
 import orjson
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from worker.cli import main as cli
+from worker.cli import progress
 from worker.core.output import ERROR_KIND_HEADER
 from worker.core.records import Decision
 from worker.core.rescoring import (
@@ -130,7 +132,9 @@ async def rescore_topics(
         on_progress(0, total)
         from_ms, end_ms = cli.epoch_ms(scope.from_time), cli.epoch_ms(scope.to_time)
         for topic, partition, start in plan:
-            async for chunk in reader.iter_range(topic, partition, start, scope.to_offset, end_ms):
+            async for chunk in reader.iter_range(
+                topic, partition, start, scope.to_offset, end_ms, end_may_pass_the_log=True
+            ):
                 routed = []
                 lines = []
                 for record in chunk:
@@ -148,13 +152,27 @@ async def rescore_topics(
                     lines.append(_output_line(summary, result, where, {"record": at}))
                 if publisher is not None and routed:
                     await publisher.publish(routed)
-                if out is not None:
-                    out.write(b"\n".join(lines) + b"\n")
+                if out is not None and lines:  # none: dead letters, or before the range
+                    _write(out, b"\n".join(lines) + b"\n")
                 on_progress(len(chunk), total)
         if out is not None:
-            out.flush()
+            _write(out, b"")
     finally:
         await stop_all(publisher, reader)
+
+
+def _write(out: IO[bytes], data: bytes) -> None:
+    """Write (and with no data, flush) the --output file. Its failure (a full disk) is the
+    file's: an OSError here would be read as Kafka's, "Kafka unreachable"."""
+    try:
+        if data:
+            out.write(data)
+        else:
+            out.flush()
+    except OSError as exc:
+        raise progress.OutputUnwritableError(
+            f"cannot write the output: {exc.strerror or exc}"
+        ) from exc
 
 
 # --- summary --------------------------------------------------------------------------------
@@ -165,11 +183,14 @@ MAX_DOMAIN_ROWS = 25
 def print_summary(console: Console, summary: RescoreSummary, source: str) -> None:
     """The human summary: counts, decisions before/after, flips per domain, score changes."""
     unrescorable = sum(summary.unrescorable.values())
+    # Domains, paths and reasons are printed as written, never read as console markup: a
+    # task_domain such as "[/]" would otherwise stop the command, or be restyled and vanish.
     console.print(
         f"rescored {summary.rescored} of {summary.records} records from {source}: "
         f"{summary.accepted_to_rejected} flipped accepted -> rejected, "
         f"{summary.rejected_to_accepted} flipped rejected -> accepted"
-        + (f"; {summary.dead_letters} dead letters passed through" if summary.dead_letters else "")
+        + (f"; {summary.dead_letters} dead letters passed through" if summary.dead_letters else ""),
+        markup=False,
     )
     decisions = Table(title="decisions")
     for column in ("", "before", "after", "change"):
@@ -193,7 +214,7 @@ def print_summary(console: Console, summary: RescoreSummary, source: str) -> Non
             ),
         )
         for name, tally in ranked[:MAX_DOMAIN_ROWS]:
-            domains.add_row(name, *map(str, vars(tally).values()))  # the columns, in order
+            domains.add_row(Text(name), *map(str, vars(tally).values()))  # the columns, in order
         if len(ranked) > MAX_DOMAIN_ROWS:
             domains.caption = f"{len(ranked) - MAX_DOMAIN_ROWS} more domains in --json"
         console.print(domains)
@@ -211,5 +232,5 @@ def print_summary(console: Console, summary: RescoreSummary, source: str) -> Non
         for reason, count in sorted(summary.unrescorable.items()):
             example = next((e for e in summary.examples if e["reason"] == reason), None)
             text = f"{example['at']}: {example['detail']}" if example else ""
-            table.add_row(reason, str(count), text)
+            table.add_row(reason, str(count), Text(text))
         console.print(table)

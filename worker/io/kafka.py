@@ -227,8 +227,12 @@ class PartitionLogReader:
         return (await self._consumer.beginning_offsets([tp]))[tp]
 
     async def partitions(self, topic: str) -> list[int]:
-        """The partitions of a topic (none when it does not exist), from the broker's metadata."""
+        """The partitions of a topic (none when it does not exist), from the broker's metadata.
+        A topic asked for by name is created by a broker that creates topics on first use
+        (Apache Kafka's default): a misspelt topic would be made, and read as empty."""
         async with _admin(self._settings) as admin:
+            if topic not in await admin.list_topics():
+                return []
             return await _partitions(admin, topic)
 
     async def probe(
@@ -268,23 +272,28 @@ class PartitionLogReader:
         start: int,
         end: int | None = None,
         end_time_ms: int | None = None,
+        end_may_pass_the_log: bool = False,
     ) -> AsyncIterator[list[SourceRecord]]:
         """Chunks of records from ``start`` up to ``end`` (exclusive), the first record at or
         after ``end_time_ms``, or the end of the partition as it was when reading began.
 
         The end of the partition is the high watermark reported with fetched data, which is
-        exact on every broker (unlike a separate end-offsets request on some).
+        exact on every broker (unlike a separate end-offsets request on some). Without
+        ``end_may_pass_the_log`` the records up to ``end`` are known to exist, and waited for;
+        with it (a range a person gave), the range also stops at the end of the partition.
         """
         tp = TopicPartition(topic, partition)
         self._consumer.assign([tp])
         self._consumer.seek(tp, start)
-        stop_at = end
+        stop_at = None if end_may_pass_the_log else end
         idle_rounds = 0
         while stop_at is None or await self._consumer.position(tp) < stop_at:
             batch = await self._consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)
             messages = batch.get(tp, [])
             if stop_at is None:
                 stop_at = self._consumer.highwater(tp)
+                if stop_at is not None and end is not None:
+                    stop_at = min(stop_at, end)
             if not messages:
                 idle_rounds += 1
                 if stop_at is None and idle_rounds >= 3:
@@ -296,6 +305,10 @@ class PartitionLogReader:
             chunk = []
             for message in messages:
                 record = source_record(message, message.timestamp)
+                if record.offset < start:
+                    # Before the range: the client went back to the log's start, as it does
+                    # (auto_offset_reset) when Kafka answers a start past the end out of range.
+                    continue
                 if stop_at is not None and record.offset >= stop_at:
                     break
                 if end_time_ms is not None and record.timestamp_ms >= end_time_ms:

@@ -296,6 +296,53 @@ def test_worker_warns_of_an_unknown_variable_in_its_json_log(
     assert captured.out == ""
 
 
+# --- replay writes only its own topics ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("topic", "prefix", "input_topic"),
+    [
+        ("kp.traces.raw", "kp.traces", "kp.traces.raw"),  # the live output topics
+        ("orders.accepted", "orders", "kp.traces.raw"),  # the topic it reads
+        ("t", "audit", "audit.rejected"),  # the live input topic
+    ],
+)
+def test_replay_refuses_a_prefix_naming_a_topic_it_reads_or_a_live_one(
+    topic: str, prefix: str, input_topic: str, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """As `rescore --output-prefix` does: `replay --output-prefix kp.traces` published its
+    scores into the live worker's accepted and rejected topics. Refused before any broker is
+    asked (none answers here)."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    monkeypatch.setenv("KP_INPUT_TOPIC", input_topic)
+    assert main(["replay", "--topic", topic, "--output-prefix", prefix]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"kp-scorer: --output-prefix {prefix!r} would write into a topic being read or a live topic"
+    )
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["what if", "what-if/2026", "é", "x" * 238],
+    ids=["space", "slash", "é", "long"],
+)
+@pytest.mark.parametrize("command", [["replay", "--topic", "t"], ["rescore", "--from-topics"]])
+def test_an_output_prefix_that_names_no_legal_topic_is_a_bad_flag(
+    command: list[str], prefix: str, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """PREFIX.dead-letter must be a topic name Kafka takes. Otherwise replay loaded the model,
+    then Kafka refused to make the topics, which was said as if it were unreachable (exit 1);
+    a broker that does not check names (the test broker) made them. Refused before any
+    broker is asked (none answers here)."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--output-prefix", prefix])
+    assert exited.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Invalid value for '--output-prefix'" in err
+    assert "topic names are letters, digits, '.', '_' and '-', at most 237 characters" in err
+
+
 # --- kp-scorer settings ---------------------------------------------------------------------
 
 

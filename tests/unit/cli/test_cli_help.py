@@ -91,3 +91,15 @@ def test_a_range_end_is_an_offset_or_a_time(
     assert exited.value.code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"{other} is not allowed with {flag}" in err
+
+
+@pytest.mark.parametrize("command", ["replay", "rescore", "report"])
+def test_a_partition_named_twice_is_read_once(command: str) -> None:
+    """`rescore --from-topics --partitions 0,0` read partition 0 twice and counted (and
+    published) each of its outputs twice."""
+    found = kp_scorer.get_command(None, command)  # type: ignore[arg-type]
+    assert found is not None
+    args = ["--topic", "t", "--partitions", "1,0,1,0"]
+    args += ["--output-prefix", "p"] if command == "replay" else []
+    with found.make_context(command, args) as ctx:
+        assert ctx.params["partitions"] == [1, 0]

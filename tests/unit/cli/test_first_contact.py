@@ -450,3 +450,63 @@ def test_the_autoscaler_lag_threshold_is_reasoned_from_that_figure() -> None:
     # KEDA's target per replica is worth at least ~10 s of one replica's work: a smaller one
     # rebalances the group (a pause and a cache rebuild per moved partition) for seconds of it.
     assert threshold / high >= 10
+
+
+@pytest.mark.parametrize("command", ["score", "rescore"])
+def test_a_file_given_as_a_pipe_is_read(command: str) -> None:
+    """``kp-scorer score <(zcat traces.jsonl.gz)``: the shell names a pipe, /dev/fd/N, which
+    is no regular file. It was answered "no such file" with exit 2."""
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", command, f"/dev/fd/{read_end}", "--quiet"]
+        + (["--no-embedder"] if command == "score" else []),
+        env=command_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        pass_fds=(read_end,),
+        cwd=REPO,
+    )
+    os.close(read_end)
+    with os.fdopen(write_end, "wb") as pipe:
+        pipe.write(GOOD + b"\n" + GOOD + b"\n")
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert len(out.splitlines()) == 2
+
+
+def test_a_file_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None:
+    """A path that exists but cannot be read (here a socket) ends in one line, exit 2."""
+    path = tmp_path / "traces.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        done = kp_scorer("score", str(path), "--no-embedder")
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith(f"kp-scorer: cannot read {path}: "), done.stderr
+
+
+@pytest.mark.parametrize("command", ["score", "rescore", "settings"])
+def test_an_output_that_cannot_be_written_is_one_line(command: str, tmp_path: Path) -> None:
+    """`kp-scorer score traces.jsonl > out.jsonl` on a full disk: one line saying so, exit 1,
+    not a traceback (and no second complaint when the interpreter flushes stdout at exit)."""
+    traces = tmp_path / "traces.jsonl"
+    traces.write_bytes(GOOD + b"\n")
+    args = {
+        "score": [str(traces), "--no-embedder", "--quiet"],
+        "rescore": [str(traces), "--quiet"],
+        "settings": [],
+    }
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker.cli", command, *args[command]],
+            env=command_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == "kp-scorer: OSError: [Errno 28] No space left on device\n"

@@ -181,6 +181,7 @@ def test_partition_by_a_value_too_deep_to_serialise_does_not_crash() -> None:
         # The last leap second RFC 3339 can write: its second after is past datetime's range.
         ("9999-12-31T23:59:60Z", 253_402_300_800_000),
         ("9999-12-31T23:59:60.999", 253_402_300_800_999),
+        ("9999-12-31T23:59:60-01:00", 253_402_304_400_000),
     ],
 )
 def test_event_time_is_exact_milliseconds(created_at: str, expected_ms: int) -> None:
@@ -239,6 +240,19 @@ def test_cli_default_threshold(mixed_file: Path, capsys: pytest.CaptureFixture[s
         r["score"]["threshold"] == 0.75 for r in output_records(captured.out) if "score" in r
     )
     assert "accepted=0, rejected=2, dead_letter=3" in captured.err
+
+
+def test_cli_score_file_whose_name_is_not_utf8(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Latin-1 file name ("caf\xe9.jsonl") is named with its byte replaced in each output's
+    source; every line failed to be written (a surrogate is no UTF-8) and the command ended
+    in a traceback."""
+    path = tmp_path / os.fsdecode(b"caf\xe9.jsonl")
+    path.write_bytes(GOOD_REVIEW + b"\n")
+    assert main(["score", str(path), "--no-embedder", "--quiet"]) == 0
+    (record,) = output_records(capsys.readouterr().out)
+    assert record["source"]["topic"] == f"{tmp_path}/caf\ufffd.jsonl"
 
 
 def test_cli_reads_stdin(

@@ -206,3 +206,36 @@ def test_a_file_of_dead_letters_alone_still_makes_every_chart(
     report = run_json(capsys, "report", str(dead), "--json")
     assert report["scored"] == 0 and report["dead_letters"]["total"] == CORPUS_RECORDS // 50
     assert report["acceptance"]["grid"][0] == {"threshold": 0.0, "accepted": 0, "share": None}
+
+
+def test_domains_are_drawn_as_written_not_as_math(corpus: Path, tmp_path: Path) -> None:
+    """A producer chooses task_domain: matplotlib read one between dollar signs as math, so
+    "$\\foo$" stopped the report with a ParseFatalException and "$x^2$" was typeset."""
+    lines = corpus.read_bytes().splitlines()[:40]
+    domains = ["$\\foo$", "a $x^2$ b"]
+    edited = []
+    for index, line in enumerate(lines):
+        document = orjson.loads(line)
+        if "trace" in document and index < 20:
+            document["trace"]["metadata"]["task_domain"] = domains[index % 2]
+        edited.append(orjson.dumps(document))
+    scored = tmp_path / "scored.jsonl"
+    scored.write_bytes(b"\n".join(edited) + b"\n")
+    page = tmp_path / "report.html"
+    assert main(["report", str(scored), "--output", str(page), "--quiet"]) == 0
+    charts = page.read_text().split('data-chart="score_by_domain"')[1].split("</figure>")[0]
+    for domain in domains:
+        assert domain in charts
+
+
+def test_paths_are_printed_as_written(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A path holding "[/x]" read as console markup: the report was written, then the line
+    saying so stopped the command with a MarkupError (exit 1, a traceback)."""
+    source = tmp_path / "runs[/x].jsonl"
+    source.parent.mkdir()
+    source.write_bytes(b"".join(corpus.read_bytes().splitlines(keepends=True)[:20]))
+    page = tmp_path / "runs[/page].html"
+    assert main(["report", str(source), "--output", str(page), "--quiet"]) == 0
+    assert f"from {source} written to {page}" in " ".join(capsys.readouterr().err.split())

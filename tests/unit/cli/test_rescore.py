@@ -365,3 +365,37 @@ def test_replay_bins_score_changes_as_rescore_does() -> None:
     assert [(label, count) for label, _, _, count in delta_rows(replay.histogram)] == list(
         replay.delta_histogram()
     )
+
+
+def test_domains_are_printed_as_written_not_as_console_markup(
+    model_scorer: Scorer, tmp_path: Path, capsys
+) -> None:
+    """A producer chooses task_domain: one that reads as console markup ("[/]" stopped the
+    command with a MarkupError; "[bold]b" lost its brackets) is printed as it is, as is the
+    path of the file read."""
+    lines = []
+    for index, domain in enumerate(["[/]", "[bold]b", "[red]"]):
+        trace = orjson.loads(example_lines()[index])
+        trace["metadata"]["task_domain"] = domain
+        lines.append(orjson.dumps(trace))
+    source = tmp_path / "runs[/x].jsonl"  # a path holding a closing tag, "[/x]"
+    source.parent.mkdir()
+    source.write_bytes(jsonl(score_file(model_scorer, lines)))
+    assert main(["rescore", str(source), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    for shown in ("[/]", "[bold]b", "[red]", f"from {source}:"):
+        assert shown in err, err
+
+
+@pytest.mark.parametrize("command", ["rescore", "report"])
+def test_output_over_the_file_read_is_refused(
+    command: str, recorded: list[bytes], tmp_path: Path, capsys
+) -> None:
+    """`rescore scored.jsonl --output scored.jsonl` emptied the file before reading it (and
+    exited 0: "rescored 0 of 0 records"); `report` wrote its page over it."""
+    source = tmp_path / "scored.jsonl"
+    source.write_bytes(jsonl(recorded))
+    (tmp_path / "link.jsonl").symlink_to(source)
+    assert main([command, str(source), "--output", str(tmp_path / "link.jsonl")]) == 2
+    assert "is the FILE being read" in capsys.readouterr().err
+    assert source.read_bytes() == jsonl(recorded)

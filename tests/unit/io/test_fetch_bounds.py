@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aiokafka.structs import ConsumerRecord
 
 from worker.io import kafka
 from worker.io.app import ScorerApp
@@ -47,3 +48,54 @@ def test_every_consumer_bounds_a_whole_fetch(
         return limits
 
     assert asyncio.run(fetch_limits()) == [(bound, bound), (bound, bound)]
+
+
+class _ResettingConsumer:
+    """What aiokafka does on Apache Kafka when a read starts past the log's end: the broker
+    answers OFFSET_OUT_OF_RANGE and, with auto_offset_reset="earliest", the client goes back
+    to the first offset and fetches from there. (The test broker answers with no records.)"""
+
+    def __init__(self, topic: str, records: int) -> None:
+        self.topic, self.records, self.at, self.fetched = topic, records, 0, 0
+
+    def assign(self, partitions: object) -> None:
+        pass
+
+    def seek(self, tp: object, offset: int) -> None:
+        self.at = offset
+
+    async def position(self, tp: object) -> int:
+        return self.at
+
+    def highwater(self, tp: object) -> int | None:
+        return self.records if self.fetched else None
+
+    async def getmany(self, tp: object, timeout_ms: int) -> dict[object, list[object]]:
+        self.fetched += 1
+        if self.at > self.records:
+            self.at = 0  # the reset
+        messages = [
+            ConsumerRecord(self.topic, 0, offset, 0, 0, None, b"{}", None, 2, 0, ())
+            for offset in range(self.at, self.records)
+        ]
+        self.at = self.records
+        return {tp: messages}
+
+
+@pytest.mark.parametrize("end", [None, 100])
+def test_a_range_starting_past_the_log_reads_nothing(end: int | None) -> None:
+    """`replay --from-offset 50` on a partition of 5 records replays none of them (on Kafka,
+    the client's reset to the first offset made it replay all 5)."""
+    consumer = _ResettingConsumer("t", records=5)
+
+    async def read() -> list[int]:
+        reader = PartitionLogReader(load_settings())
+        real, reader._consumer = reader._consumer, consumer  # type: ignore[assignment]
+        try:
+            chunks = reader.iter_range("t", 0, 50, end, end_may_pass_the_log=True)
+            return [record.offset async for chunk in chunks for record in chunk]
+        finally:
+            await real.stop()
+
+    assert asyncio.run(read()) == []
+    assert consumer.fetched == 1
