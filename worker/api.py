@@ -30,7 +30,7 @@ from worker.core.rescoring import NotRescored, Rescorer
 from worker.core.schema import json_path
 from worker.core.scorer import Scorer, build_scorer
 from worker.core.scoring import Dimensions, ProfileError, ScoreBreakdown, load_profiles
-from worker.core.trace import in_int_range, integer_out_of_range
+from worker.core.trace import INT_RANGE, integer_out_of_range
 from worker.embedding.protocol import EmbedderUnavailable
 from worker.settings import Settings, SettingsError
 from worker.settings import load_settings as _load_settings
@@ -137,7 +137,9 @@ def _unwritable_number(node: Any, path: tuple[str | int, ...] = ()) -> TraceErro
         where = json_path(path)
         return InvalidJsonError(f"not valid JSON: {where}: {node!r} is not a JSON number")
     if isinstance(node, int):
-        return None if in_int_range(node) else integer_out_of_range(list(path), str(node))
+        if INT_RANGE[0] <= node <= INT_RANGE[1]:
+            return None
+        return integer_out_of_range(list(path), str(node))
     if isinstance(node, Mapping):
         children: Iterable[tuple[str | int, Any]] = node.items()
     elif isinstance(node, list | tuple):

@@ -59,7 +59,7 @@ NAMED_DUPLICATES_UP_TO = 65_536
 # A backslash and what it escapes; group 1 holds a colon written as the escape \u003a.
 _ESCAPE = re.compile(rb"\\(?:(u003[aA])|.)", re.DOTALL)
 _COLON_ESCAPE = re.compile(rb"\\u003[aA]")
-_INT_RANGE = (-(2**63), 2**64 - 1)  # the integers orjson keeps; any other becomes a float
+INT_RANGE = (-(2**63), 2**64 - 1)  # the integers orjson keeps; any other becomes a float
 _INT_DIGITS = 19  # digits of the shortest integer out of that range
 _INT_CHARS = 21  # "-" and the 20 digits of the longest in it
 _DIGITS_AS_ZERO = bytes(48 if 48 <= code <= 57 else 32 for code in range(256))
@@ -232,7 +232,7 @@ def _out_of_range_path(node: Any) -> tuple[list[str | int], str]:
         node = values[low]
     if isinstance(node, _OutOfRange):
         return path, node.literal
-    if isinstance(node, int) and not in_int_range(node):
+    if isinstance(node, int) and not INT_RANGE[0] <= node <= INT_RANGE[1]:
         return path, str(node)
     raise ValueError("no integer beyond 64 bits found")  # a part nested past orjson's limit
 
@@ -264,18 +264,13 @@ def _reject_big_integers(raw: bytes) -> None:
         raise integer_out_of_range(*_out_of_range_path(document))
 
 
-def in_int_range(value: int) -> bool:
-    """Whether orjson reads and writes ``value`` as the integer it is (64 bits)."""
-    return _INT_RANGE[0] <= value <= _INT_RANGE[1]
-
-
 def integer_out_of_range(path: list[str | int], literal: str) -> IntegerOutOfRangeError:
     """The error for an integer beyond 64 bits at ``path``, quoting at most 20 of its digits."""
     digits = len(literal.lstrip("-"))
     shown = literal if digits <= 40 else f"{literal[:20]}... ({digits} digits)"
     return IntegerOutOfRangeError(
         f"{json_path(path)}: integer {shown} is outside the 64-bit range "
-        f"({_INT_RANGE[0]} to {_INT_RANGE[1]}) and cannot be passed through exactly"
+        f"({INT_RANGE[0]} to {INT_RANGE[1]}) and cannot be passed through exactly"
     )
 
 
