@@ -3,7 +3,9 @@ settings, check, model build."""
 
 from __future__ import annotations
 
+import errno
 import importlib
+import io
 import logging
 import os
 import re
@@ -390,6 +392,7 @@ click.version_option(__version__, "--version", message="kp-scorer %(version)s")(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit code (a usage error exits 2, as ``SystemExit``)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    _stand_in_for_closed_streams()
     try:
         with kp_scorer.make_context("kp-scorer", args) as ctx:
             return int(kp_scorer.invoke(ctx) or 0)
@@ -410,6 +413,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside a read of topics (loading the model, ...)
         say("kp-scorer: interrupted", "red")
         return EXIT_INTERRUPTED
+
+
+class _ClosedStream(io.TextIOBase):
+    """Stdin or stdout that the shell closed (``>&-``, ``<&-``): Python leaves None in their
+    place, on which the first read or write fails with an AttributeError; this fails with the
+    OSError that :func:`main` ends in one line. Flushing it is a no-op (nothing is held)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def _refusal(self) -> OSError:
+        return OSError(errno.EBADF, f"{self._name} is closed")
+
+    @property
+    def buffer(self) -> NoReturn:
+        raise self._refusal()
+
+    def fileno(self) -> NoReturn:
+        raise self._refusal()
+
+    def read(self, size: int | None = -1) -> NoReturn:
+        raise self._refusal()
+
+    def readline(self, size: int | None = -1) -> NoReturn:  # type: ignore[override]
+        raise self._refusal()
+
+    def write(self, text: str) -> NoReturn:
+        raise self._refusal()
+
+    def isatty(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        pass
+
+
+def _stand_in_for_closed_streams() -> None:
+    if sys.stdin is None:
+        sys.stdin = _ClosedStream("stdin")
+    if sys.stdout is None:
+        sys.stdout = _ClosedStream("stdout")
 
 
 def _discard_stdout() -> None:

@@ -105,6 +105,32 @@ def test_reader_closing_the_pipe_ends_quietly(command: str, long_files: dict[str
     assert code == EXIT_BROKEN_PIPE == 141
 
 
+@pytest.mark.parametrize(
+    ("args", "redirect", "stream"),
+    [
+        (["score", "{traces}", "--no-embedder", "--quiet"], ">&-", "stdout"),
+        (["score", "-", "--no-embedder", "--quiet"], "<&-", "stdin"),
+        (["rescore", "-", "--quiet"], "<&-", "stdin"),
+        (["settings"], ">&-", "stdout"),
+    ],
+)
+def test_a_closed_stdin_or_stdout_ends_in_one_line(
+    args: list[str], redirect: str, stream: str, tmp_path: Path
+) -> None:
+    """`kp-scorer score f.jsonl >&-`: Python leaves None for a stream the shell closed."""
+    traces = write_lines(tmp_path / "t.jsonl", GOOD)
+    command = [sys.executable, "-m", "worker.cli", *(a.format(traces=traces) for a in args)]
+    result = subprocess.run(
+        ["sh", "-c", f'exec "$@" {redirect}', "sh", *command],
+        capture_output=True,
+        env=clean_env(),
+        timeout=120,
+        cwd=REPO,
+    )
+    assert result.stderr.decode() == f"kp-scorer: OSError: [Errno 9] {stream} is closed\n"
+    assert result.returncode == 1
+
+
 # --- flags and variables in errors ----------------------------------------------------------
 
 
