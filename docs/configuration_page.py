@@ -117,7 +117,8 @@ MEANINGS: dict[str, str] = {
     ),
     "accept_threshold": "accept when score >= threshold",
     "domain_thresholds": (
-        'JSON `{"domain": threshold}`: a domain listed here overrides `KP_ACCEPT_THRESHOLD`'
+        'JSON `{"domain": threshold}`: a domain listed here overrides `KP_ACCEPT_THRESHOLD` '
+        "(a domain listed twice is refused)"
     ),
     "cache_capacity": "vectors per partition cache (oldest evicted first)",
     "cache_ttl_seconds": (

@@ -7,6 +7,7 @@ Variables are prefixed ``KP_`` except the conventional ``KAFKA_BOOTSTRAP_SERVERS
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AliasChoices,
@@ -27,9 +28,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
@@ -125,7 +128,8 @@ class Settings(BaseSettings):
     # Scoring
     profiles_file: Path | None = None
     accept_threshold: float = Field(default=0.75, ge=0.0, le=1.0)
-    domain_thresholds: dict[str, float] = Field(default_factory=dict)
+    # Decoded by _thresholds_json, which refuses a key given twice.
+    domain_thresholds: Annotated[dict[str, float], NoDecode] = Field(default_factory=dict)
 
     # Novelty
     cache_capacity: PositiveInt = 1000
@@ -164,6 +168,23 @@ class Settings(BaseSettings):
         if not isinstance(value, str):
             return value
         return value.strip().upper() if info.field_name == "log_level" else value.strip().lower()
+
+    @field_validator("domain_thresholds", mode="before")
+    @classmethod
+    def _thresholds_json(cls, value: object) -> object:
+        """The variable's JSON, a key given twice refused: a decoder keeps the last one, and
+        which threshold the operator meant is unknown (as for the profiles file)."""
+        if not isinstance(value, str):
+            return value
+        try:
+            decoded = json.loads(value, object_pairs_hook=_unique_keys)
+        except (ValueError, RecursionError):
+            raise PydanticCustomError("json_invalid", "not a valid JSON value") from None
+        except _DuplicateKey as exc:
+            raise PydanticCustomError(
+                "duplicate_key", "key {key} appears twice", {"key": repr(exc.key)}
+            ) from None
+        return {} if decoded is None else decoded  # null: unset, as for any JSON variable
 
     @field_validator("domain_thresholds")
     @classmethod
@@ -256,6 +277,20 @@ class Settings(BaseSettings):
     @cached_property
     def resolved_embed_concurrency(self) -> int:
         return self.embed_concurrency or usable_cores()
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
 
 
 def usable_cores(

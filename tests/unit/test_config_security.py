@@ -26,7 +26,7 @@ import orjson
 import pytest
 
 from worker.io.kafka import client_config
-from worker.settings import by_variable, load_settings
+from worker.settings import SettingsError, by_variable, load_settings
 
 PASSWORD = "pw-" + uuid.uuid4().hex
 COMMAND_TIMEOUT_SECONDS = 60
@@ -139,6 +139,10 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     "domain_threshold_above_1": ({"KP_DOMAIN_THRESHOLDS": '{"x": 3}'}, "KP_DOMAIN_THRESHOLDS"),
     "domain_thresholds_not_json": ({"KP_DOMAIN_THRESHOLDS": "x=0.5"}, "KP_DOMAIN_THRESHOLDS"),
     "domain_thresholds_array": ({"KP_DOMAIN_THRESHOLDS": "[0.5]"}, "KP_DOMAIN_THRESHOLDS"),
+    "domain_thresholds_key_twice": (
+        {"KP_DOMAIN_THRESHOLDS": '{"code": 0.2, "code": 0.9}'},
+        "KP_DOMAIN_THRESHOLDS",
+    ),
     "log_level_unknown": ({"KP_LOG_LEVEL": "LOUD"}, "KP_LOG_LEVEL"),
     "metrics_port_out_of_range": ({"KP_METRICS_PORT": "70000"}, "KP_METRICS_PORT"),
     "cache_capacity_negative": ({"KP_CACHE_CAPACITY": "-1"}, "KP_CACHE_CAPACITY"),
@@ -272,6 +276,22 @@ def test_bad_setting_stops_the_real_command(cli_results, case: str, command: str
         f"`kp-scorer {command}` did not exit within {COMMAND_TIMEOUT_SECONDS} s"
     )
     _assert_one_clear_error(result.returncode, result.stdout, result.stderr, BAD_SETTINGS[case][1])
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ('{"code": 0.2, "code": 0.9}', "key 'code' appears twice"),
+        ('{"code": 0.2, "medical": 0.5, "code": 0.2}', "key 'code' appears twice"),
+        ("[" * 100_000, "not a valid JSON value"),
+    ],
+)
+def test_domain_thresholds_json_is_refused_in_one_clear_line(value: str, problem: str) -> None:
+    """A JSON decoder keeps the last of two equal keys: which threshold was meant is unknown.
+    JSON nested past the decoder's depth is not a threshold either (not a traceback)."""
+    with pytest.raises(SettingsError) as refused:
+        load_settings(environ={"KP_DOMAIN_THRESHOLDS": value})
+    assert str(refused.value) == f"invalid configuration:\n  KP_DOMAIN_THRESHOLDS: {problem}"
 
 
 def test_valid_settings_print_and_exit_zero() -> None:
