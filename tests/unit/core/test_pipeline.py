@@ -233,6 +233,25 @@ def test_schema_dead_letter_reason_names_the_field() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("key", "path"),
+    [
+        (b"a\\nb", r"['a\nb']"),
+        (b"cr\\r\\nlf", r"['cr\r\nlf']"),
+        (b"x\\u2028y", r"['x\u2028y']"),
+        (b"\\u0085", r"['\x85']"),
+        (b"plain key", "plain key"),
+    ],
+)
+def test_a_reason_stays_one_line_whatever_the_keys_on_its_path(key: bytes, path: str) -> None:
+    """A producer's key goes into the reason's JSON path: escaped where it would break it."""
+    raw = trace_bytes()[:-1] + b',"' + key + b'":{"n":123456789012345678901234567890}}'
+    routed = score_one(scorer(), record(raw))
+    reason = headers_of(routed)["kp-error-reason"].decode()
+    assert reason.startswith(f"{path}.n: integer 123456789012345678901234567890 "), reason
+    assert reason.isprintable(), reason  # no line break, whatever a log or a viewer takes as one
+
+
 def test_too_large_uses_the_scorers_limit() -> None:
     raw = trace_bytes()
     routed = score_one(scorer(max_message_bytes=len(raw) - 1), record(raw))
