@@ -51,6 +51,9 @@ __all__ = [
     "rescore_output",
 ]
 
+# Kafka numbers a topic's partitions with 32-bit signed integers, from 0.
+_KAFKA_PARTITION_MAX = 2**31 - 1
+
 # One trace as a producer would publish it: its bytes, its JSON text, or the decoded object.
 TraceInput: TypeAlias = bytes | bytearray | memoryview | str | Mapping[str, Any]
 
@@ -166,6 +169,16 @@ def _record_timestamp(event_time_ms: int) -> int:
     return milliseconds
 
 
+def _partition_number(number: int) -> int:
+    try:
+        index = operator.index(number)
+    except TypeError:
+        raise TypeError(f"number is an integer, not {type(number).__name__}") from None
+    if not 0 <= index <= _KAFKA_PARTITION_MAX:
+        raise ValueError(f"number {index} is not a Kafka partition's (0 to {_KAFKA_PARTITION_MAX})")
+    return index
+
+
 class Partition:
     """One partition's novelty cache and its next offset, owned by the caller.
 
@@ -279,7 +292,9 @@ class TraceScorer:
         return None if self._core.has_embedder else self._core.embedder_reason
 
     def partition(self, topic: str = "api", number: int = 0) -> Partition:
-        """A new, empty partition: its own novelty cache, its offsets from 0."""
+        """A new, empty partition: its own novelty cache, its offsets from 0. ``number`` is a
+        Kafka partition's (0 to 2**31 - 1): the output's ``source.partition`` is one."""
+        number = _partition_number(number)
         scorer = copy.copy(self._core)  # the same model, profiles, thresholds and limits
         caches = self._core.caches
         scorer.caches = PartitionCaches(caches.capacity, caches.dimensions, caches.ttl_ms)

@@ -229,6 +229,29 @@ def test_an_event_time_that_no_record_can_have_is_refused_before_scoring(
     }  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("number", "error"),
+    [
+        (-1, ValueError),
+        (2**31, ValueError),
+        (2**64, ValueError),
+        (1.0, TypeError),
+        ("0", TypeError),
+    ],
+)
+def test_a_partition_number_no_kafka_partition_has_is_refused(
+    no_model: TraceScorer, number: Any, error: type[Exception]
+) -> None:
+    """-1 gave outputs a source partition the scored-trace schema forbids; 2**64 could not
+    be written, and every trace of the partition was dead-lettered as internal."""
+    with pytest.raises(error, match="number"):
+        no_model.partition(number=number)
+    for number, written in ((2**31 - 1, 2**31 - 1), (numpy.int32(3), 3), (True, 1)):
+        result = no_model.score(code_review_example(), no_model.partition(number=number))
+        assert isinstance(result, ScoredTrace)
+        assert orjson.loads(result.value)["source"]["partition"] == written
+
+
 def test_a_trace_at_the_last_leap_second_is_scored_not_raised(no_model: TraceScorer) -> None:
     """RFC 3339 (and the schema) admit 9999-12-31T23:59:60Z; the second after it is past what
     datetime holds, and reading the event time raised OverflowError."""
