@@ -157,11 +157,15 @@ def _iso(value: str) -> datetime:
 
 
 def _partition_list(value: str) -> list[int]:
-    """The partitions named, each once (one named twice would be read, and counted, twice)."""
+    """The partitions named, each once (one named twice would be read, and counted, twice);
+    none named (``--partitions ,``) is refused, where it would read them all."""
     try:
-        return list(dict.fromkeys(int(p) for p in value.split(",") if p.strip()))
+        partitions = list(dict.fromkeys(int(p) for p in value.split(",") if p.strip()))
     except ValueError:
-        raise click.BadParameter(f"expected partitions like 0,1,2: {value!r}") from None
+        partitions = []
+    if not partitions:
+        raise click.BadParameter(f"expected partitions like 0,1,2: {value!r}")
+    return partitions
 
 
 # What Apache Kafka allows in a topic name (some brokers accept more; a cluster refuses it).

@@ -103,3 +103,18 @@ def test_a_partition_named_twice_is_read_once(command: str) -> None:
     args += ["--output-prefix", "p"] if command == "replay" else []
     with found.make_context(command, args) as ctx:
         assert ctx.params["partitions"] == [1, 0]
+
+
+@pytest.mark.parametrize("command", ["replay", "rescore", "report"])
+@pytest.mark.parametrize("given", [",", "", " , "])
+def test_partitions_naming_none_is_a_bad_flag(
+    command: str, given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--partitions ,` read every partition, as if the flag were not given."""
+    args = [command, "--topic" if command == "replay" else "--from-topics"]
+    args += ["t", "--output-prefix", "p"] if command == "replay" else []
+    with pytest.raises(SystemExit) as exited:
+        main([*args, "--partitions", given])
+    assert exited.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"Invalid value for '--partitions': expected partitions like 0,1,2: {given!r}" in err
