@@ -261,6 +261,15 @@ def test_a_trace_at_the_last_leap_second_is_scored_not_raised(no_model: TraceSco
     assert orjson.loads(result.value)["source"]["timestamp"] == 253_402_300_800_000
 
 
+def test_a_trace_in_year_0000_is_scored_at_its_time(no_model: TraceScorer) -> None:
+    """RFC 3339 (and the schema, so the worker too) admit year 0000, which datetime cannot
+    hold: its event time was read as 0, 1970, as if the trace had none."""
+    trace = make_trace(metadata={"created_at": "0000-03-01T00:00:00Z"})
+    result = no_model.score(trace, no_model.partition())
+    assert isinstance(result, ScoredTrace)
+    assert orjson.loads(result.value)["source"]["timestamp"] == -62_162_035_200_000
+
+
 def test_a_required_model_that_cannot_load_is_a_settings_error(tmp_path: Path) -> None:
     """It raised the loader's own exception, a name the public API does not have."""
     model = tmp_path / "model.onnx"

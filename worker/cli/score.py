@@ -27,6 +27,9 @@ from worker.core.scorer import Scorer
 
 CHUNK_LINES = 32
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The Gregorian calendar repeats every 400 years, leap days included: year 0000, which RFC
+# 3339 allows and datetime cannot hold, is read as year 0400, one cycle earlier.
+_GREGORIAN_CYCLE = timedelta(days=146_097)
 
 
 @dataclass
@@ -75,9 +78,11 @@ def _event_time_ms(document: Any) -> int:
     # RFC 3339 allows a lower-case t and z, which fromisoformat refuses, and a leap second
     # (23:59:60), which datetime cannot hold: it is read as the second after 23:59:59, added
     # to the interval (the one after 9999-12-31T23:59:59 is past datetime's range).
-    text, leap = created.upper(), timedelta(0)
+    text, shift = created.upper(), timedelta(0)
     if text[16:19] == ":60":
-        text, leap = f"{text[:17]}59{text[19:]}", timedelta(seconds=1)
+        text, shift = f"{text[:17]}59{text[19:]}", timedelta(seconds=1)
+    if text.startswith("0000"):
+        text, shift = f"0400{text[4:]}", shift - _GREGORIAN_CYCLE
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
@@ -87,7 +92,7 @@ def _event_time_ms(document: Any) -> int:
         # where the file is scored.
         moment = moment.replace(tzinfo=UTC)
     # Integer arithmetic: float seconds * 1000 truncates about 1 % of times 1 ms short.
-    return (moment - _EPOCH + leap) // timedelta(milliseconds=1)
+    return (moment - _EPOCH + shift) // timedelta(milliseconds=1)
 
 
 class LineRecords:

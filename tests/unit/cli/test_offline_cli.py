@@ -182,6 +182,11 @@ def test_partition_by_a_value_too_deep_to_serialise_does_not_crash() -> None:
         ("9999-12-31T23:59:60Z", 253_402_300_800_000),
         ("9999-12-31T23:59:60.999", 253_402_300_800_999),
         ("9999-12-31T23:59:60-01:00", 253_402_304_400_000),
+        # Year 0000, which RFC 3339 (and the schema) admit and datetime cannot hold; a leap year.
+        ("0000-01-01T00:00:00Z", -62_167_219_200_000),
+        ("0000-02-29T12:00:00.5z", -62_162_078_399_500),
+        ("0000-12-31T23:59:60Z", -62_135_596_800_000),
+        ("0000-12-31T23:30:00-01:00", -62_135_595_000_000),
     ],
 )
 def test_event_time_is_exact_milliseconds(created_at: str, expected_ms: int) -> None:
