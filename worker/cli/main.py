@@ -3,9 +3,7 @@ settings, check, model build."""
 
 from __future__ import annotations
 
-import errno
 import importlib
-import io
 import logging
 import os
 import re
@@ -23,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from worker import __version__
+from worker.cli import stdio
 from worker.logs import configure_logging, error_line
 from worker.settings import Settings, SettingsError, load_settings, unknown_variables
 
@@ -396,7 +395,7 @@ click.version_option(__version__, "--version", message="kp-scorer %(version)s")(
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit code (a usage error exits 2, as ``SystemExit``)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    _stand_in_for_closed_streams()
+    stdio.stand_in_for_closed_streams()
     try:
         with kp_scorer.make_context("kp-scorer", args) as ctx:
             return int(kp_scorer.invoke(ctx) or 0)
@@ -408,64 +407,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # start-up checks stop with a message and a code
         return exc.code if isinstance(exc.code, int) else 1
     except BrokenPipeError:
-        _discard_stdout()
+        stdio.discard_stdout()
         return EXIT_BROKEN_PIPE
     except OSError as exc:  # the output cannot be written (a full disk), or the input read
-        _discard_stdout()
+        stdio.discard_stdout()
         say(f"kp-scorer: {error_line(exc)}", "red")
         return EXIT_IO_ERROR
     except KeyboardInterrupt:  # Ctrl-C outside a read of topics (loading the model, ...)
         say("kp-scorer: interrupted", "red")
         return EXIT_INTERRUPTED
-
-
-class _ClosedStream(io.TextIOBase):
-    """Stdin or stdout that the shell closed (``>&-``, ``<&-``): Python leaves None in their
-    place, on which the first read or write fails with an AttributeError; this fails with the
-    OSError that :func:`main` ends in one line. Flushing it is a no-op (nothing is held)."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def _refusal(self) -> OSError:
-        return OSError(errno.EBADF, f"{self._name} is closed")
-
-    @property
-    def buffer(self) -> NoReturn:
-        raise self._refusal()
-
-    def fileno(self) -> NoReturn:
-        raise self._refusal()
-
-    def read(self, size: int | None = -1) -> NoReturn:
-        raise self._refusal()
-
-    def readline(self, size: int | None = -1) -> NoReturn:  # type: ignore[override]
-        raise self._refusal()
-
-    def write(self, text: str) -> NoReturn:
-        raise self._refusal()
-
-    def isatty(self) -> bool:
-        return False
-
-    def flush(self) -> None:
-        pass
-
-
-def _stand_in_for_closed_streams() -> None:
-    if sys.stdin is None:
-        sys.stdin = _ClosedStream("stdin")
-    if sys.stdout is None:
-        sys.stdout = _ClosedStream("stdout")
-
-
-def _discard_stdout() -> None:
-    """Point stdout at /dev/null once its reader has gone (``| head``), so that the flush at
-    interpreter exit does not fail a second time with an "Exception ignored" message."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):  # stdout is not a file (tests capture it): nothing to flush
-        pass

@@ -31,15 +31,12 @@ def _validator() -> jsonschema_rs.Validator:
 
 
 def json_path(path: Sequence[str | int]) -> str:
-    """``steps[2].step_id``; ``(root)`` for the document itself. Cut short past 120
-    characters: keys are the producer's data, and a reason fits one log line (a key with a
-    line break or another unprintable character is quoted with it escaped: ``x['a\\nb']``)."""
+    """``steps[2].step_id``, ``x['a\\nb']`` (a key that is not printable, escaped); ``(root)``
+    for the document itself. Cut past 120 characters: a reason fits one log line."""
     out = ""
     for part in path:
-        if isinstance(part, int) or not part.isprintable():
-            out += f"[{part!r}]"
-        else:
-            out += f".{part}" if out else part
+        quoted = isinstance(part, int) or not part.isprintable()
+        out += f"[{part!r}]" if quoted else (f".{part}" if out else str(part))
     return (out if len(out) <= _PATH_CHARS else out[: _PATH_CHARS - 3] + "...") or "(root)"
 
 
