@@ -218,6 +218,8 @@ def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: S
 def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -> int:
     from worker.logs import configure_logging
 
+    if not rate > 0:  # the pause between two traces is 1 / rate
+        raise click.BadParameter(f"must be above 0, got {rate}", param_hint="'--rate'")
     # A bad setting ends the demo in one line, before a broker or a worker is started.
     settings = cli.checked_settings(logs=None)
     # The worker's JSON log goes to its own file; what the Kafka clients of the demo itself

@@ -513,6 +513,39 @@ def test_demo_whose_broker_cannot_start_ends_in_one_message(
     assert "worker started" not in err
 
 
+class FakeProducer:
+    """Takes every record at once, at partition 0."""
+
+    def __init__(self, **config: object) -> None:
+        self.sent = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def send_and_wait(self, topic: str, value: bytes | None, key: bytes) -> Any:
+        self.sent += 1
+        return type("Metadata", (), {"partition": 0, "offset": self.sent - 1})
+
+
+@pytest.mark.parametrize("rate", ["0", "-1", "nan"])
+def test_demo_with_no_rate_is_a_usage_error_before_starting_anything(
+    rate: str,
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(demo, "AIOKafkaProducer", FakeProducer)
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--timeout", "1", "--rate", rate])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--rate" in err and "must be above 0" in err
+    assert "broker ready" not in err
+
+
 def test_demo_with_a_bad_setting_ends_in_one_line_before_starting_anything(
     fake_demo: type[FakeWorker],
     monkeypatch: pytest.MonkeyPatch,
