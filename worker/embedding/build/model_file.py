@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,8 @@ def build_model(
         if spec is None:
             raise QuantizeError(f"unknown int8 recipe {recipe!r}; known: {', '.join(RECIPES)}")
     source, source_id, source_sha256 = _checked_source(source)
+    output = Path(output)
+    _refuse_overwriting(output, source)
     data = _streamlined_bytes(source) if spec is None else derive_bytes(source, spec)
     try:  # a model onnxruntime cannot open would fail every worker's start
         SessionFactory().open(data)
@@ -81,7 +84,6 @@ def build_model(
     }
     if spec is not None and spec.calibrated:
         record["tokenizer_sha256"] = file_sha256(DEFAULT_TOKENIZER_PATH, "tokenizer", QuantizeError)
-    output = Path(output)
     sidecar = sidecar_path(output)
     _write(output, data)  # the model first: a new sidecar never names a partial file
     _write(sidecar, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
@@ -103,6 +105,26 @@ def _checked_source(source: Path | None) -> tuple[Path, str, str]:
             "not building from a damaged file"
         )
     return source, model_id(source, sha256), sha256
+
+
+def _refuse_overwriting(output: Path, source: Path) -> None:
+    """Never write over the model built from, nor over the packaged one: the worker's default
+    model would then fail its published hash, and nothing could be built from it again."""
+    models = [(source, "the model it is built from")]
+    packaged = packaged_model()
+    if packaged is not None:
+        models.append((packaged.path, "the packaged model"))
+    for path, what in models:
+        if _same_file(output, path):
+            raise QuantizeError(f"{output} is {what}; write the built model to another file")
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    """Whether the two paths name one file (through links too); a missing file is no other."""
+    try:
+        return os.path.samefile(one, other)
+    except OSError:
+        return False
 
 
 def _streamlined_bytes(source: Path) -> bytes:
