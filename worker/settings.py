@@ -176,7 +176,8 @@ class Settings(BaseSettings):
     @field_validator("embed_providers")
     @classmethod
     def _providers_available(cls, value: str) -> str:
-        names = [name.strip() for name in value.split(",") if name.strip()]
+        # Each once, in the order given: onnxruntime warns of a repeated name on stderr.
+        names = list(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
         if not names:
             raise ValueError("expected one or more onnxruntime provider names")
         import onnxruntime

@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import sys
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -385,6 +386,19 @@ def test_the_model_runs_on_the_execution_providers_of_the_setting(
     default, _ = load_embedder(config_of(load_settings(embed_threads=1, embed_concurrency=1)))
     assert default is not None and isinstance(default.model, ort.InferenceSession)
     assert default.model.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_a_provider_named_twice_runs_once_without_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """onnxruntime warns of a repeated provider on stderr, a line outside the JSON log."""
+    monkeypatch.setenv("KP_EMBED_PROVIDERS", "CPUExecutionProvider, CPUExecutionProvider")
+    settings = load_settings(embed_threads=1, embed_concurrency=1)
+    assert settings.embed_provider_names == ("CPUExecutionProvider",)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        embedder, reason = load_embedder(config_of(settings))
+    assert reason is None and embedder is not None
 
 
 @pytest.mark.parametrize("value", ["NoSuchExecutionProvider", "CPUExecutionProvider,Cuda", " , "])
