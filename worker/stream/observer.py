@@ -9,6 +9,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 
+from worker.core.errors import ERROR_KINDS
 from worker.core.records import Decision, RoutedRecord
 from worker.stream import metrics
 from worker.stream.connectivity import BrokerHealth
@@ -58,6 +59,10 @@ class MetricsObserver:
         for domain, threshold in domain_thresholds.items():
             metrics.domain_accept_threshold.labels(domain).set(threshold)
         metrics.latency_budget.set(self.latency_budget_seconds)
+        # Every kind at 0 from the start: a counter whose series is born at 1 shows no
+        # increase, so the first internal error since a start would never raise its alert.
+        for kind in ERROR_KINDS:
+            metrics.dead_letters.labels(kind)
 
     def fetching_paused(self, tp: TopicPartition, paused: bool) -> None:
         """Fetching from ``tp`` paused (the records taken fill the buffer) or resumed."""
