@@ -134,7 +134,10 @@ MEANINGS: dict[str, str] = {
         "checked when given, else the sidecar's, or the packaged model's published hash. Given "
         "for another file than its sidecar's, the sidecar is set aside (a replaced file)"
     ),
-    "tokenizer_path": "the tokenizer file",
+    "tokenizer_path": (
+        "the tokenizer file, the model's own: one with a token id the model has no embedding "
+        "for is refused at load"
+    ),
     "embedder_required": (
         "refuse to start without the model (otherwise scoring goes on with novelty 0.5 and "
         "`novelty_source` `no_embedder`)"

