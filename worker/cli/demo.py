@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import MessageSizeTooLargeError
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
@@ -82,13 +83,20 @@ def _source_of(decision: Decision, message: object) -> tuple[int, int, float | N
 
 
 async def _publish(settings: Settings, traces: list[bytes], rate: float) -> set[tuple[int, int]]:
-    producer = AIOKafkaProducer(**client_config(settings), acks="all")
+    # Records up to what the worker publishes, so one over KP_MAX_MESSAGE_BYTES reaches it and
+    # is dead-lettered as too_large; a larger one no producer would send is left out, said so.
+    limit = settings.output_record_limit
+    producer = AIOKafkaProducer(**client_config(settings), acks="all", max_request_size=limit)
     await producer.start()
     produced: set[tuple[int, int]] = set()
     try:
         records = [(f"agent-{i % 7}".encode(), t) for i, t in enumerate(traces)] + MALFORMED
-        for key, value in records:
-            meta = await producer.send_and_wait(settings.input_topic, value=value, key=key)
+        for number, (key, value) in enumerate(records, 1):
+            try:
+                meta = await producer.send_and_wait(settings.input_topic, value=value, key=key)
+            except MessageSizeTooLargeError:
+                cli.say(f"trace {number} not published: over {limit} bytes", "yellow")
+                continue
             produced.add((meta.partition, meta.offset))
             await asyncio.sleep(1 / rate)
     finally:

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka.errors import MessageSizeTooLargeError
 
 from worker.cli import demo
 from worker.cli.main import EXIT_BROKEN_PIPE, main
@@ -514,10 +515,11 @@ def test_demo_whose_broker_cannot_start_ends_in_one_message(
 
 
 class FakeProducer:
-    """Takes every record at once, at partition 0."""
+    """Takes every record at once, at partition 0, up to its max_request_size as aiokafka."""
 
-    def __init__(self, **config: object) -> None:
+    def __init__(self, max_request_size: int = 1_048_576, **config: object) -> None:
         self.sent = 0
+        self.max_request_size = max_request_size
 
     async def start(self) -> None:
         pass
@@ -526,6 +528,8 @@ class FakeProducer:
         pass
 
     async def send_and_wait(self, topic: str, value: bytes | None, key: bytes) -> Any:
+        if value is not None and len(value) > self.max_request_size:
+            raise MessageSizeTooLargeError(f"{len(value)} bytes")
         self.sent += 1
         return type("Metadata", (), {"partition": 0, "offset": self.sent - 1})
 
@@ -544,6 +548,30 @@ def test_demo_with_no_rate_is_a_usage_error_before_starting_anything(
     err = capsys.readouterr().err
     assert "--rate" in err and "must be above 0" in err
     assert "broker ready" not in err
+
+
+def test_demo_publishes_a_trace_over_the_input_limit_and_leaves_out_one_no_producer_sends(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """A trace over KP_MAX_MESSAGE_BYTES (1 MiB) is what the worker dead-letters as too_large;
+    one over the largest record the worker publishes is left out, said so."""
+    published: list[tuple[int, int]] = []
+
+    async def collected(settings: object, accounting: demo.Accounting, timeout: float) -> None:
+        published.extend(accounting.expected)
+        accounting.found.update((source, "dead_letter") for source in accounting.expected)
+
+    traces = tmp_path / "traces.jsonl"
+    traces.write_bytes(b'{"id": "small"}\n' + b"x" * 1_500_000 + b"\n" + b"y" * 3_000_000 + b"\n")
+    monkeypatch.setattr(demo, "AIOKafkaProducer", FakeProducer)
+    monkeypatch.setattr(demo, "_collect", collected)
+    monkeypatch.setattr(demo, "_scrape", lambda port: {})
+    assert main(["demo", "--traces", str(traces), "--timeout", "1", "--rate", "1000"]) == 0
+    assert len(published) == 2 + len(demo.MALFORMED)
+    assert "trace 3 not published: over 2162688 bytes" in capsys.readouterr().err
 
 
 def test_demo_with_a_bad_setting_ends_in_one_line_before_starting_anything(
