@@ -251,11 +251,15 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
         cli.say(f"kp-scorer demo: {exc}", "red")
         return 1
     with broker:
-        settings = settings.model_copy(update={"kafka_bootstrap_servers": broker.bootstrap_servers})
+        # The embedded broker speaks plaintext only: security settings meant for a cluster
+        # (KP_SECURITY_PROTOCOL, KP_SASL_*) are not the demo's, as its address is not.
+        local = {"kafka_bootstrap_servers": broker.bootstrap_servers}
+        settings = settings.model_copy(update={**local, "security_protocol": "PLAINTEXT"})
         cli.say(f"broker ready at {broker.bootstrap_servers}")
         asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))
         log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
-        with WorkerProcess(broker.bootstrap_servers, log_path=log) as worker:
+        plaintext = {"KP_SECURITY_PROTOCOL": "PLAINTEXT"}
+        with WorkerProcess(broker.bootstrap_servers, log_path=log, **plaintext) as worker:
             port = worker.metrics_port
             cli.say(
                 f"worker started (pid {worker.pid}, log {log}); "

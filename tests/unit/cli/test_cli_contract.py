@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -17,7 +18,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import pytest
@@ -408,9 +409,11 @@ class FakeWorker:
     """A worker process that never becomes ready (``ready=False``) or one that runs."""
 
     ready = True
+    env: ClassVar[dict[str, str]] = {}
 
     def __init__(self, bootstrap: str, log_path: Path | None = None, **env: str) -> None:
         self.metrics_port, self.pid, self.log_path = 9, 1, log_path
+        FakeWorker.env = env
 
     def start(self) -> FakeWorker:
         return self
@@ -572,6 +575,33 @@ def test_demo_publishes_a_trace_over_the_input_limit_and_leaves_out_one_no_produ
     assert main(["demo", "--traces", str(traces), "--timeout", "1", "--rate", "1000"]) == 0
     assert len(published) == 2 + len(demo.MALFORMED)
     assert "trace 3 not published: over 2162688 bytes" in capsys.readouterr().err
+
+
+def test_demo_talks_plaintext_to_its_broker_whatever_security_the_environment_sets(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The embedded broker speaks plaintext only; an operator's shell set up for a SASL
+    cluster ended the demo in a KafkaConnectionError traceback."""
+    for name, value in {
+        "KP_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "KP_SASL_MECHANISM": "PLAIN",
+        "KP_SASL_USERNAME": "scorer",
+        "KP_SASL_PASSWORD": "secret",
+    }.items():
+        monkeypatch.setenv(name, value)
+    protocols: list[str] = []
+
+    async def published(settings: Settings, traces: object, rate: float) -> set[tuple[int, int]]:
+        protocols.append(settings.security_protocol)
+        return set()
+
+    monkeypatch.setattr(demo, "_publish", published)
+    monkeypatch.setattr(demo, "_collect", lambda *args: asyncio.sleep(0))
+    monkeypatch.setattr(demo, "_scrape", lambda port: {})
+    assert main(["demo", "--timeout", "1"]) == 0
+    assert protocols == ["PLAINTEXT"]
+    assert fake_demo.env["KP_SECURITY_PROTOCOL"] == "PLAINTEXT", "the worker's too"
 
 
 def test_demo_with_a_bad_setting_ends_in_one_line_before_starting_anything(
