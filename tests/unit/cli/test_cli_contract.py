@@ -25,7 +25,7 @@ import pytest
 from aiokafka.errors import MessageSizeTooLargeError
 
 from worker.cli import demo
-from worker.cli.main import EXIT_BROKEN_PIPE, main
+from worker.cli.main import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, main
 from worker.settings import (
     DEFAULT_TOKENIZER_PATH,
     REMOVED_VARIABLES,
@@ -377,6 +377,29 @@ def test_settings_as_json(
     assert values["KP_DOMAIN_THRESHOLDS"] == {"code": 0.8}
     assert values["KP_PROFILES_FILE"] is None
     assert values["KAFKA_BOOTSTRAP_SERVERS"] == "localhost:9092"
+
+
+def test_ctrl_c_while_a_command_imports_its_modules_ends_as_interrupted(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """onnxruntime's extension turns the KeyboardInterrupt of a Ctrl-C during its
+    initialisation into "ImportError: initialization failed"."""
+    from worker.cli import main as cli_main
+
+    def interrupted(name: str) -> object:
+        raise ImportError("initialization failed") from KeyboardInterrupt()
+
+    monkeypatch.setattr(cli_main.importlib, "import_module", interrupted)
+    assert main(["check"]) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "kp-scorer: interrupted" in err and "Traceback" not in err
+
+    def missing(name: str) -> object:
+        raise ImportError("No module named 'onnxruntime'")
+
+    monkeypatch.setattr(cli_main.importlib, "import_module", missing)
+    with pytest.raises(ImportError, match="onnxruntime"):  # not hidden as an interruption
+        main(["check"])
 
 
 # --- kp-scorer demo: stdout is the summary --------------------------------------------------
