@@ -232,6 +232,19 @@ def test_output_that_cannot_be_written_is_a_quantize_error(tmp_path: Path) -> No
         build_model(tmp_path / "no" / "such" / "x.onnx", recipe=DEFAULT_RECIPE)
 
 
+def test_a_model_built_from_a_built_int8_model_is_int8_still(
+    built: BuiltModel, tmp_path: Path
+) -> None:
+    """Written again without --int8 (streamlined, the same graph), the int8 engine keeps its
+    id and its engine: as "model" it would load with batches, and each vector would then
+    depend on the other texts of its run."""
+    again = build_model(tmp_path / "copy.onnx", source=built.path)
+    assert again.record["engine"] == "int8"
+    assert again.record["model_id"] == again.record["source_model_id"] == built.record["model_id"]
+    _, reason = load_embedder(EmbedderConfig(model_path=again.path, batch_size=4))
+    assert reason is not None and "is an int8 model" in reason
+
+
 def test_the_build_never_writes_over_the_model_it_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

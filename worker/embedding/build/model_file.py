@@ -25,8 +25,10 @@ from worker.embedding.files import (
     file_sha256,
     model_id,
     packaged_model,
+    read_sidecar,
     sidecar_path,
 )
+from worker.embedding.protocol import EmbedderUnavailable
 from worker.embedding.session import SessionFactory, streamlined_model
 from worker.logs import one_line
 from worker.settings import DEFAULT_TOKENIZER_PATH
@@ -60,7 +62,7 @@ def build_model(
         spec = RECIPES.get(recipe)
         if spec is None:
             raise QuantizeError(f"unknown int8 recipe {recipe!r}; known: {', '.join(RECIPES)}")
-    source, source_id, source_sha256 = _checked_source(source)
+    source, source_id, source_sha256, source_engine = _checked_source(source)
     output = Path(output)
     _refuse_overwriting(output, source)
     data = _streamlined_bytes(source) if spec is None else derive_bytes(source, spec)
@@ -73,7 +75,7 @@ def build_model(
     record: dict[str, Any] = {
         "format": SIDECAR_FORMAT,
         "model_id": source_id if spec is None else f"{source_id}+{spec.name}",
-        "engine": "model" if spec is None else INT8,
+        "engine": source_engine if spec is None else INT8,
         "recipe": None if spec is None else spec.name,
         "recipe_version": RECIPE_VERSION,
         "source_model_id": source_id,
@@ -90,8 +92,10 @@ def build_model(
     return BuiltModel(output, sidecar, record)
 
 
-def _checked_source(source: Path | None) -> tuple[Path, str, str]:
-    """(path, id, sha256) of the model to build from; the packaged one must hash as published."""
+def _checked_source(source: Path | None) -> tuple[Path, str, str, str]:
+    """(path, id, sha256, engine) of the model to build from; the packaged one must hash as
+    published. A model built before keeps the id and engine its sidecar records: an int8
+    engine written again is int8 still, and must keep one text a run."""
     packaged = packaged_model()
     if source is None:
         if packaged is None:
@@ -104,7 +108,13 @@ def _checked_source(source: Path | None) -> tuple[Path, str, str]:
             f"the packaged model {source} has sha256 {sha256}, expected {packaged.sha256}; "
             "not building from a damaged file"
         )
-    return source, model_id(source, sha256), sha256
+    try:
+        built = read_sidecar(source)
+    except EmbedderUnavailable as exc:
+        raise QuantizeError(str(exc)) from None
+    if built is not None and built["sha256"] == sha256:
+        return source, built["model_id"], sha256, str(built.get("engine", "model"))
+    return source, model_id(source, sha256), sha256, "model"
 
 
 def _refuse_overwriting(output: Path, source: Path) -> None:
