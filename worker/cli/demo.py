@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -29,7 +28,7 @@ from rich.table import Table
 from worker.cli import main as cli
 from worker.core.output import output_topics
 from worker.core.records import Decision
-from worker.dev.process import WorkerProcess
+from worker.dev.process import WorkerProcess, temporary_log
 from worker.io.kafka import client_config, ensure_topics
 from worker.settings import Settings
 from worker.stream.timing import STAGES
@@ -257,7 +256,8 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
         settings = settings.model_copy(update={**local, "security_protocol": "PLAINTEXT"})
         cli.say(f"broker ready at {broker.bootstrap_servers}")
         asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))
-        log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
+        # A new file each run: demos side by side (or another user's) never share one.
+        log = temporary_log("kp-scorer-demo-worker-")
         plaintext = {"KP_SECURITY_PROTOCOL": "PLAINTEXT"}
         with WorkerProcess(broker.bootstrap_servers, log_path=log, **plaintext) as worker:
             port = worker.metrics_port

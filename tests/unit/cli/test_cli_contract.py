@@ -627,6 +627,34 @@ def test_demo_talks_plaintext_to_its_broker_whatever_security_the_environment_se
     assert fake_demo.env["KP_SECURITY_PROTOCOL"] == "PLAINTEXT", "the worker's too"
 
 
+def test_demos_side_by_side_log_their_workers_to_files_of_their_own(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One fixed log file was truncated by the next demo while the first worker wrote on,
+    and could not be opened at all where another user's was there."""
+    logs: list[Path] = []
+
+    class LoggingWorker(FakeWorker):
+        def __init__(self, bootstrap: str, log_path: Path | None = None, **env: str) -> None:
+            super().__init__(bootstrap, log_path, **env)
+            assert log_path is not None
+            logs.append(log_path)
+
+    monkeypatch.setattr(demo, "WorkerProcess", LoggingWorker)
+    monkeypatch.setattr(demo, "_publish", lambda *args: asyncio.sleep(0, set()))
+    monkeypatch.setattr(demo, "_collect", lambda *args: asyncio.sleep(0))
+    monkeypatch.setattr(demo, "_scrape", lambda port: {})
+    try:
+        assert main(["demo", "--timeout", "1"]) == 0
+        assert main(["demo", "--timeout", "1"]) == 0
+        assert len(set(logs)) == 2
+    finally:
+        for log in logs:
+            if log.name != "kp-scorer-demo-worker.log":
+                log.unlink(missing_ok=True)
+
+
 def test_demo_with_a_bad_setting_ends_in_one_line_before_starting_anything(
     fake_demo: type[FakeWorker],
     monkeypatch: pytest.MonkeyPatch,
