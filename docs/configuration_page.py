@@ -131,10 +131,14 @@ MEANINGS: dict[str, str] = {
         "model](model.md#a-faster-model))"
     ),
     "model_sha256": (
-        "sha256 the model file must have; checked when given, else the sidecar's (the packaged "
-        "model is always checked against its published hash)"
+        "sha256 the model file must have (64 hexadecimal digits, checked at start-up); "
+        "checked when given, else the sidecar's, or the packaged model's published hash. Given "
+        "for another file than its sidecar's, the sidecar is set aside (a replaced file)"
     ),
-    "tokenizer_path": "the tokenizer file",
+    "tokenizer_path": (
+        "the tokenizer file, the model's own: one with a token id the model has no embedding "
+        "for is refused at load"
+    ),
     "embedder_required": (
         "refuse to start without the model (otherwise scoring goes on with novelty 0.5 and "
         "`novelty_source` `no_embedder`)"

@@ -197,7 +197,8 @@ class Settings(BaseSettings):
     @field_validator("embed_providers")
     @classmethod
     def _providers_available(cls, value: str) -> str:
-        names = [name.strip() for name in value.split(",") if name.strip()]
+        # Each once, in the order given: onnxruntime warns of a repeated name on stderr.
+        names = list(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
         if not names:
             raise ValueError("expected one or more onnxruntime provider names")
         import onnxruntime
@@ -209,6 +210,18 @@ class Settings(BaseSettings):
                 f"onnxruntime here has no {', '.join(missing)}; available: {', '.join(available)}"
             )
         return ",".join(names)
+
+    @field_validator("model_sha256")
+    @classmethod
+    def _is_a_sha256(cls, value: str | None) -> str | None:
+        # Malformed (a paste cut short, `sha256sum`'s whole line) would otherwise refuse the
+        # model only once it is loaded, and the worker would score on with novelty 0.5.
+        if value is None:
+            return None
+        digest = value.strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise ValueError(f"expected a sha256: 64 hexadecimal digits, got {value!r}")
+        return digest
 
     @field_validator("model_path", "profiles_file", "ssl_cafile", "ssl_certfile", "ssl_keyfile")
     @classmethod

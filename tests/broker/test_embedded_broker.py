@@ -99,6 +99,31 @@ def test_free_port_choice_moves_on_when_the_port_was_taken() -> None:
 
 
 @pytest.mark.broker
+def test_a_start_interrupted_by_ctrl_c_leaves_no_broker_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broker has its own session, so the Ctrl-C that ends the demo never reaches it."""
+    broker = EmbeddedBroker()
+    launched: list[int] = []
+
+    def interrupted(deadline: float) -> str:
+        assert broker.pid is not None
+        launched.append(broker.pid)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(broker, "_await_ready", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        broker.start()
+    (pid,) = launched
+    try:
+        assert not _process_exists(pid), "the broker outlived the interrupted start"
+        assert broker.log_path is None, "its temporary log is removed"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.broker
 def test_stop_kills_a_broker_that_ignores_sigterm() -> None:
     broker = EmbeddedBroker()
     broker.start()

@@ -322,7 +322,10 @@ def test_alert_rules_parse_and_cover_the_brief() -> None:
     p99 = by_name["KpScorerLatencyP99OverBudget"]
     assert "histogram_quantile(0.99" in p99
     assert re.sub(r"\s", "", p99).endswith(">on()max(kp_latency_budget_seconds)")
-    assert re.sub(r"\s", "", by_name["KpScorerEmbedderDown"]) == "kp_embedder_up==0"
+    # Down once the worker tried to load the model (its reason says why), not before.
+    assert re.sub(r"\s", "", by_name["KpScorerEmbedderDown"]) == (
+        'kp_embedder_up==0andon(job,instance)kp_embedder_info{reason!=""}'
+    )
     assert re.sub(r"\s", "", by_name["KpScorerBrokerUnreachable"]) == "kp_broker_reachable==0"
     # Down = no target of the job answers, including when none is discovered any more.
     assert re.sub(r"\s", "", by_name["KpScorerDown"]) == 'absent(up{job="kp-scorer"}==1)'

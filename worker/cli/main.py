@@ -416,3 +416,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside a read of topics (loading the model, ...)
         say("kp-scorer: interrupted", "red")
         return EXIT_INTERRUPTED
+    except ImportError as exc:
+        # Ctrl-C while an extension module initialises (onnxruntime takes ~0.3 s) surfaces as
+        # the ImportError it caused.
+        if not isinstance(exc.__cause__, KeyboardInterrupt):
+            raise
+        say("kp-scorer: interrupted", "red")
+        return EXIT_INTERRUPTED

@@ -75,17 +75,19 @@ def int8_batch_problem(settings: Settings) -> str | None:
     setting is what is wrong, not the file (the loader refuses it too)."""
     if settings.model_path is None or settings.embed_batch_size == 1:
         return None
-    from worker.embedding.files import INT8, read_sidecar
+    from worker.embedding.config import EmbedderConfig
+    from worker.embedding.files import INT8, resolve_model
     from worker.embedding.protocol import EmbedderUnavailable
 
+    config = EmbedderConfig(model_path=settings.model_path, model_sha256=settings.model_sha256)
     try:
-        sidecar = read_sidecar(settings.model_path)
+        model = resolve_model(config)
     except EmbedderUnavailable:  # the loader says why, with the rest of the model's checks
         return None
-    if sidecar is None or sidecar.get("engine") != INT8:
+    if model.engine != INT8:
         return None
     return (
-        f"KP_EMBED_BATCH_SIZE: {settings.model_path} is an int8 model ({sidecar['model_id']}) "
+        f"KP_EMBED_BATCH_SIZE: {settings.model_path} is an int8 model ({model.model_id}) "
         "and needs KP_EMBED_BATCH_SIZE=1: its activation scale spans a whole run, so a "
         "batched text's vector would depend on the others in its batch"
     )

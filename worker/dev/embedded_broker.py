@@ -100,8 +100,15 @@ class EmbeddedBroker:
         attempts_left = 1 if self._fixed_port else _PORT_ATTEMPTS
         while True:
             attempts_left -= 1
-            self._launch(binary)
-            outcome = self._await_ready(deadline)
+            try:
+                self._launch(binary)
+                outcome = self._await_ready(deadline)
+            except BaseException:
+                # Ctrl-C while it starts: the broker runs in its own session, so the signal
+                # never reached it and nothing else would stop it.
+                self._stop_process(timeout=5.0)
+                self._remove_owned_log()
+                raise
             if outcome == "ready":
                 _running.add(self)
                 return

