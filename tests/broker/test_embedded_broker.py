@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from worker.dev import embedded_broker
 from worker.dev.embedded_broker import BrokerStartError, EmbeddedBroker, api_versions
 from worker.dev.process import free_loopback_port
 
@@ -106,12 +107,12 @@ def test_a_start_interrupted_by_ctrl_c_leaves_no_broker_running(
     broker = EmbeddedBroker()
     launched: list[int] = []
 
-    def interrupted(deadline: float) -> str:
-        assert broker.pid is not None
+    def interrupted(*args: object, **kwargs: object) -> int:
+        assert broker.pid is not None  # the readiness probe: the broker is running
         launched.append(broker.pid)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(broker, "_await_ready", interrupted)
+    monkeypatch.setattr(embedded_broker, "api_versions", interrupted)
     with pytest.raises(KeyboardInterrupt):
         broker.start()
     (pid,) = launched

@@ -81,7 +81,9 @@ def _source_of(decision: Decision, message: object) -> tuple[int, int, float | N
     return value["source"]["partition"], value["source"]["offset"], value["score"]["score"]
 
 
-async def _publish(settings: Settings, traces: list[bytes], rate: float) -> set[tuple[int, int]]:
+async def publish_traces(
+    settings: Settings, traces: list[bytes], rate: float
+) -> set[tuple[int, int]]:
     # Records up to what the worker publishes, so one over KP_MAX_MESSAGE_BYTES reaches it and
     # is dead-lettered as too_large; a larger one no producer would send is left out, said so.
     limit = settings.output_record_limit
@@ -103,7 +105,7 @@ async def _publish(settings: Settings, traces: list[bytes], rate: float) -> set[
     return produced
 
 
-async def _collect(settings: Settings, accounting: Accounting, timeout: float) -> None:
+async def collect_outputs(settings: Settings, accounting: Accounting, timeout: float) -> None:
     topics = {topic: decision for decision, topic in output_topics(settings).items()}
     # No group: every partition of the output topics, from its beginning.
     consumer = AIOKafkaConsumer(
@@ -129,7 +131,7 @@ async def _collect(settings: Settings, accounting: Accounting, timeout: float) -
         await consumer.stop()
 
 
-def _scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+def scrape_metrics(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
@@ -161,7 +163,7 @@ def latency_quantiles(
     return out
 
 
-def _print_summary(accounting: Accounting, metrics: dict, port: int, settings: Settings) -> None:
+def print_summary(accounting: Accounting, metrics: dict, port: int, settings: Settings) -> None:
     counts = Counter(accounting.found.values())
     table = Table(title="Where every input record went")
     table.add_column("output topic")
@@ -272,13 +274,13 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
                 return 1
             published_at = time.monotonic()
             cli.say(f"publishing {len(samples)} sample traces + {len(MALFORMED)} malformed")
-            expected = asyncio.run(_publish(settings, samples, rate))
+            expected = asyncio.run(publish_traces(settings, samples, rate))
             accounting = Accounting(expected=expected)
-            asyncio.run(_collect(settings, accounting, timeout))
+            asyncio.run(collect_outputs(settings, accounting, timeout))
             if not worker.alive():
                 cli.say(f"the worker exited early; see {log}", "red")
                 return 1
-            metrics = _scrape(port)
+            metrics = scrape_metrics(port)
             elapsed = time.monotonic() - published_at
             if accounting.complete:
                 console.print(f"all records accounted for after {elapsed:.1f} s")
@@ -289,7 +291,7 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
                     f"topic within {elapsed:.1f} s",
                     "red",
                 )
-            _print_summary(accounting, metrics, port, settings)
+            print_summary(accounting, metrics, port, settings)
             if keep_running:
                 cli.say("worker and broker keep running; Ctrl-C to stop")
                 with contextlib.suppress(KeyboardInterrupt):

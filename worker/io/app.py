@@ -171,7 +171,7 @@ class ScorerApp(faust.App):
             self._http = http.OpsServer(self.metrics_listener, observer.health).start()
         else:
             self._http = http.serve(settings.metrics_port, observer.health)
-        self._ticker = asyncio.ensure_future(_tick(observer))
+        self._ticker = asyncio.ensure_future(keep_loop_ticking(observer))
         self._trimmer = asyncio.ensure_future(_trim_memory())
         observer.configured_thresholds(settings.accept_threshold, settings.domain_thresholds)
         await _wait_for_kafka(settings, observer, self.failures)
@@ -255,7 +255,7 @@ def _data_directory(group_id: str) -> Path:
     return Path(tempfile.gettempdir()) / f"kp-scorer-{digest}"
 
 
-async def _tick(observer: MetricsObserver) -> None:
+async def keep_loop_ticking(observer: MetricsObserver) -> None:
     """Stamp the event loop's liveness for /healthz (read from the HTTP thread)."""
     while True:
         observer.health.loop_ticked()

@@ -525,9 +525,9 @@ def test_demo_missing_records_err_on_stderr_and_the_summary_stays_on_stdout(
         accounting.found[(0, 0)] = "accepted"
         accounting.scores.append(0.8)
 
-    monkeypatch.setattr(demo, "_publish", published)
-    monkeypatch.setattr(demo, "_collect", collected)
-    monkeypatch.setattr(demo, "_scrape", lambda port: {})
+    monkeypatch.setattr(demo, "publish_traces", published)
+    monkeypatch.setattr(demo, "collect_outputs", collected)
+    monkeypatch.setattr(demo, "scrape_metrics", lambda port: {})
     assert main(["demo", "--timeout", "1", "--rate", "1000"]) == 1
     captured = capsys.readouterr()
     assert "1 of 2 records reached no output topic" in captured.err
@@ -619,8 +619,8 @@ def test_demo_publishes_a_trace_over_the_input_limit_and_leaves_out_one_no_produ
     traces = tmp_path / "traces.jsonl"
     traces.write_bytes(b'{"id": "small"}\n' + b"x" * 1_500_000 + b"\n" + b"y" * 3_000_000 + b"\n")
     monkeypatch.setattr(demo, "AIOKafkaProducer", FakeProducer)
-    monkeypatch.setattr(demo, "_collect", collected)
-    monkeypatch.setattr(demo, "_scrape", lambda port: {})
+    monkeypatch.setattr(demo, "collect_outputs", collected)
+    monkeypatch.setattr(demo, "scrape_metrics", lambda port: {})
     assert main(["demo", "--traces", str(traces), "--timeout", "1", "--rate", "1000"]) == 0
     assert len(published) == 2 + len(demo.MALFORMED)
     assert "trace 3 not published: over 2162688 bytes" in capsys.readouterr().err
@@ -645,9 +645,9 @@ def test_demo_talks_plaintext_to_its_broker_whatever_security_the_environment_se
         protocols.append(settings.security_protocol)
         return set()
 
-    monkeypatch.setattr(demo, "_publish", published)
-    monkeypatch.setattr(demo, "_collect", lambda *args: asyncio.sleep(0))
-    monkeypatch.setattr(demo, "_scrape", lambda port: {})
+    monkeypatch.setattr(demo, "publish_traces", published)
+    monkeypatch.setattr(demo, "collect_outputs", lambda *args: asyncio.sleep(0))
+    monkeypatch.setattr(demo, "scrape_metrics", lambda port: {})
     assert main(["demo", "--timeout", "1"]) == 0
     assert protocols == ["PLAINTEXT"]
     assert fake_demo.env["KP_SECURITY_PROTOCOL"] == "PLAINTEXT", "the worker's too"
@@ -668,9 +668,9 @@ def test_demos_side_by_side_log_their_workers_to_files_of_their_own(
             logs.append(log_path)
 
     monkeypatch.setattr(demo, "WorkerProcess", LoggingWorker)
-    monkeypatch.setattr(demo, "_publish", lambda *args: asyncio.sleep(0, set()))
-    monkeypatch.setattr(demo, "_collect", lambda *args: asyncio.sleep(0))
-    monkeypatch.setattr(demo, "_scrape", lambda port: {})
+    monkeypatch.setattr(demo, "publish_traces", lambda *args: asyncio.sleep(0, set()))
+    monkeypatch.setattr(demo, "collect_outputs", lambda *args: asyncio.sleep(0))
+    monkeypatch.setattr(demo, "scrape_metrics", lambda port: {})
     try:
         assert main(["demo", "--timeout", "1"]) == 0
         assert main(["demo", "--timeout", "1"]) == 0

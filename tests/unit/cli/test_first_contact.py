@@ -403,7 +403,7 @@ def test_the_demo_summary_keeps_lines_whole_when_piped(monkeypatch: pytest.Monke
         "kp_embedder_up": {(): 1.0},
     }
     accounting = demo.Accounting(expected={(0, 0)}, found={(0, 0): "accepted"}, scores=[0.8])
-    demo._print_summary(accounting, metrics, 9464, Settings())
+    demo.print_summary(accounting, metrics, 9464, Settings())
     lines = piped.getvalue().splitlines()
     stage_line = next(line for line in lines if line.startswith("mean time per trace"))
     assert len(stage_line) > 80, "a line longer than a piped console is wide"

@@ -166,12 +166,12 @@ def test_a_lone_offset_no_record_fills_stops_counting_as_waiting() -> None:
 @pytest.mark.parametrize("stall_seconds", [0.6, 1.5, 3.0])
 def test_a_running_event_loop_is_live_at_any_stall_setting(stall_seconds: float) -> None:
     """The loop must tick well within a third of KP_HEALTH_STALL_SECONDS, however short."""
-    from worker.io.app import _tick
+    from worker.io.app import keep_loop_ticking
 
     observer = MetricsObserver(stall_seconds=stall_seconds)
 
     async def sample() -> list[str]:
-        ticker = asyncio.ensure_future(_tick(observer))
+        ticker = asyncio.ensure_future(keep_loop_ticking(observer))
         checks = []
         for _ in range(30):
             await asyncio.sleep(0.05)
