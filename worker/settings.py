@@ -102,8 +102,11 @@ class Settings(BaseSettings):
     session_timeout_seconds: PositiveFloat = 10.0
     heartbeat_interval_seconds: PositiveFloat = 1.0
     commit_interval_seconds: PositiveFloat = 1.0
-    # A second SIGTERM exits at once; running out of time exits with code 75.
-    shutdown_timeout_seconds: PositiveFloat = 20.0
+    # A second SIGTERM exits at once; running out of time exits with code 75. At most an hour:
+    # a stop needs seconds (a 5 s drain, a commit, a 3 s confirmation) and an orchestrator
+    # kills the process after its own grace period anyway (30 s by default in Kubernetes);
+    # far larger values overflow the deadline's timer (1e10 s does), which then never fires.
+    shutdown_timeout_seconds: float = Field(default=20.0, gt=0, le=3600)
     log_repeat_interval_seconds: PositiveFloat = 10.0
     producer_idempotence: Literal["auto", "on", "off"] = "auto"
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
@@ -128,7 +131,11 @@ class Settings(BaseSettings):
     domain_thresholds: dict[str, float] = Field(default_factory=dict)
 
     # Novelty
-    cache_capacity: PositiveInt = 1000
+    # At most 100,000 (100 times the default): every trace is compared with each vector of its
+    # partition's cache, a partition taken over embeds its whole cache again (about half an
+    # hour at 100,000 and ~50 texts/s), and a cache reserves 8 bytes a slot at its first
+    # record (800 MB a partition at 10**8).
+    cache_capacity: int = Field(default=1000, gt=0, le=100_000)
     # Whole milliseconds of event time: under 1 ms would round to no TTL at all.
     cache_ttl_seconds: float | None = Field(default=None, ge=0.001)
     model_path: Path | None = None
@@ -138,7 +145,10 @@ class Settings(BaseSettings):
     embed_concurrency: PositiveInt | None = None
     embed_threads: PositiveInt = 1
     embed_batch_size: PositiveInt = 1
-    embed_max_tokens: PositiveInt = 256
+    # At most 512: all-MiniLM-L6-v2 has 512 position embeddings, so a longer input cannot run
+    # (the reference implementation's 512 is the most it reads); the model's start-up check
+    # embeds a text this long, which at 10**9 tokens is a 2 GB string.
+    embed_max_tokens: int = Field(default=256, gt=0, le=512)
     embed_providers: str = "CPUExecutionProvider"
 
     # Operations

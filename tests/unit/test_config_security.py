@@ -154,6 +154,15 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
         {"KP_SHUTDOWN_TIMEOUT_SECONDS": "Infinity"},
         "KP_SHUTDOWN_TIMEOUT_SECONDS",
     ),
+    # Beyond what the deadline's timer can wait: it would die at the first SIGTERM, unfired.
+    "shutdown_timeout_beyond_the_timer": (
+        {"KP_SHUTDOWN_TIMEOUT_SECONDS": "1e10"},
+        "KP_SHUTDOWN_TIMEOUT_SECONDS",
+    ),
+    # 800 MB reserved by each partition's cache at its first record.
+    "cache_capacity_huge": ({"KP_CACHE_CAPACITY": "100000000"}, "KP_CACHE_CAPACITY"),
+    # Longer than the model's 512 position embeddings (10**9 built a 2 GB test text).
+    "embed_max_tokens_beyond_the_model": ({"KP_EMBED_MAX_TOKENS": "513"}, "KP_EMBED_MAX_TOKENS"),
     "max_message_bytes_text": ({"KP_MAX_MESSAGE_BYTES": "1MB"}, "KP_MAX_MESSAGE_BYTES"),
     "embedder_required_not_bool": ({"KP_EMBEDDER_REQUIRED": "maybe"}, "KP_EMBEDDER_REQUIRED"),
     "model_path_missing": ({"KP_MODEL_PATH": "/nonexistent/model.onnx"}, "KP_MODEL_PATH"),
@@ -272,6 +281,21 @@ def test_bad_setting_stops_the_real_command(cli_results, case: str, command: str
         f"`kp-scorer {command}` did not exit within {COMMAND_TIMEOUT_SECONDS} s"
     )
     _assert_one_clear_error(result.returncode, result.stdout, result.stderr, BAD_SETTINGS[case][1])
+
+
+@pytest.mark.parametrize(
+    "variable, highest",
+    [
+        ("KP_SHUTDOWN_TIMEOUT_SECONDS", "3600"),
+        ("KP_CACHE_CAPACITY", "100000"),
+        ("KP_EMBED_MAX_TOKENS", "512"),
+    ],
+)
+def test_settings_at_their_upper_bound_are_accepted(
+    isolated_settings: None, monkeypatch: pytest.MonkeyPatch, variable: str, highest: str
+) -> None:
+    monkeypatch.setenv(variable, highest)
+    assert by_variable(load_settings())[variable] == float(highest)
 
 
 def test_valid_settings_print_and_exit_zero() -> None:
