@@ -99,7 +99,10 @@ class Settings(BaseSettings):
     max_in_flight_records: PositiveInt = 16
     fetch_max_wait_ms: int = Field(default=20, ge=0, le=10_000)
     fetch_buffer_records: int = Field(default=64, ge=8, le=100_000)
-    session_timeout_seconds: PositiveFloat = 10.0
+    # 6 s to 30 min: Apache Kafka's defaults for group.min.session.timeout.ms and
+    # group.max.session.timeout.ms. A broker refuses a member outside them at its first join
+    # (INVALID_SESSION_TIMEOUT), after start-up and in the client's words.
+    session_timeout_seconds: float = Field(default=10.0, ge=6, le=1800)
     heartbeat_interval_seconds: PositiveFloat = 1.0
     commit_interval_seconds: PositiveFloat = 1.0
     # A second SIGTERM exits at once; running out of time exits with code 75. At most an hour:

@@ -167,8 +167,17 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     "embedder_required_not_bool": ({"KP_EMBEDDER_REQUIRED": "maybe"}, "KP_EMBEDDER_REQUIRED"),
     "model_path_missing": ({"KP_MODEL_PATH": "/nonexistent/model.onnx"}, "KP_MODEL_PATH"),
     "heartbeat_not_below_session": (
-        {"KP_SESSION_TIMEOUT_SECONDS": "1", "KP_HEARTBEAT_INTERVAL_SECONDS": "1"},
+        {"KP_SESSION_TIMEOUT_SECONDS": "6", "KP_HEARTBEAT_INTERVAL_SECONDS": "6"},
         "KP_HEARTBEAT_INTERVAL_SECONDS",
+    ),
+    # Outside what an Apache Kafka broker accepts by default: refused at the first join.
+    "session_timeout_below_the_brokers_minimum": (
+        {"KP_SESSION_TIMEOUT_SECONDS": "5.9"},
+        "KP_SESSION_TIMEOUT_SECONDS",
+    ),
+    "session_timeout_above_the_brokers_maximum": (
+        {"KP_SESSION_TIMEOUT_SECONDS": "1801"},
+        "KP_SESSION_TIMEOUT_SECONDS",
     ),
 }
 COMMANDS = ("worker", "settings")
@@ -289,9 +298,11 @@ def test_bad_setting_stops_the_real_command(cli_results, case: str, command: str
         ("KP_SHUTDOWN_TIMEOUT_SECONDS", "3600"),
         ("KP_CACHE_CAPACITY", "100000"),
         ("KP_EMBED_MAX_TOKENS", "512"),
+        ("KP_SESSION_TIMEOUT_SECONDS", "1800"),
+        ("KP_SESSION_TIMEOUT_SECONDS", "6"),
     ],
 )
-def test_settings_at_their_upper_bound_are_accepted(
+def test_settings_at_their_bounds_are_accepted(
     isolated_settings: None, monkeypatch: pytest.MonkeyPatch, variable: str, highest: str
 ) -> None:
     monkeypatch.setenv(variable, highest)
