@@ -123,10 +123,18 @@ class Settings(BaseSettings):
 
     # Input limits
     input_framing: Literal["auto", "json", "confluent"] = "auto"
-    max_message_bytes: PositiveInt = 1_048_576
+    # Byte limits reach Kafka as 32-bit integers (at most 2**31 - 1): a fetch asks for twice the
+    # largest input, and the producer and the output topics' max.message.bytes take the largest
+    # output plus 64 KiB. Beyond these bounds every fetch request failed to encode, or the
+    # output topics' limit was one no broker takes; a broker refuses any request over 100 MiB
+    # by default (socket.request.max.bytes) long before.
+    max_message_bytes: int = Field(default=1_048_576, gt=0, le=1_073_741_823)
     max_json_containers: PositiveInt = 131_072
-    max_output_bytes: PositiveInt = 2_097_152
-    max_batch_bytes: PositiveInt = 67_108_864
+    max_output_bytes: int = Field(default=2_097_152, gt=0, le=2_147_418_111)
+    # A compressed batch is decompressed into one buffer this large: untouched pages cost no
+    # memory, but a buffer beyond the machine's memory cannot be allocated, and every
+    # compressed batch failed. 4 GiB holds the largest output allowed twice over.
+    max_batch_bytes: int = Field(default=67_108_864, gt=0, le=4_294_967_296)
 
     # Scoring
     profiles_file: Path | None = None
