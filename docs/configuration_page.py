@@ -46,7 +46,9 @@ MEANINGS: dict[str, str] = {
     ),
     "session_timeout_seconds": (
         "consumer group session timeout: a worker that stops heartbeating loses its partitions "
-        "after this long"
+        "after this long. Its bounds are those an Apache Kafka broker accepts by default "
+        "(`group.min.session.timeout.ms`, `group.max.session.timeout.ms`): the broker would "
+        "refuse another value only when the worker joins its group"
     ),
     "heartbeat_interval_seconds": (
         "consumer group heartbeat interval (must be below `KP_SESSION_TIMEOUT_SECONDS`)"

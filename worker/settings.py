@@ -102,11 +102,14 @@ class Settings(BaseSettings):
     max_in_flight_records: PositiveInt = 16
     fetch_max_wait_ms: int = Field(default=20, ge=0, le=10_000)
     fetch_buffer_records: int = Field(default=64, ge=8, le=100_000)
-    session_timeout_seconds: PositiveFloat = 10.0
+    # 6 s to 30 min, Apache Kafka's default group.min/max.session.timeout.ms: a broker refuses
+    # a member outside them at its first join (INVALID_SESSION_TIMEOUT), after start-up.
+    session_timeout_seconds: float = Field(default=10.0, ge=6, le=1800)
     heartbeat_interval_seconds: PositiveFloat = 1.0
     commit_interval_seconds: PositiveFloat = 1.0
-    # A second SIGTERM exits at once; running out of time exits with code 75.
-    shutdown_timeout_seconds: PositiveFloat = 20.0
+    # A second SIGTERM exits at once; running out of time exits with code 75. At most an hour:
+    # a stop needs seconds, and far more overflows the deadline's timer (1e10 s never fired).
+    shutdown_timeout_seconds: float = Field(default=20.0, gt=0, le=3600)
     log_repeat_interval_seconds: PositiveFloat = 10.0
     producer_idempotence: Literal["auto", "on", "off"] = "auto"
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
@@ -120,10 +123,14 @@ class Settings(BaseSettings):
 
     # Input limits
     input_framing: Literal["auto", "json", "confluent"] = "auto"
-    max_message_bytes: PositiveInt = 1_048_576
+    # Kafka carries byte limits as 32-bit integers: a fetch asks for twice the largest input,
+    # and the output topics' max.message.bytes is the largest output plus 64 KiB.
+    max_message_bytes: int = Field(default=1_048_576, gt=0, le=1_073_741_823)
     max_json_containers: PositiveInt = 131_072
-    max_output_bytes: PositiveInt = 2_097_152
-    max_batch_bytes: PositiveInt = 67_108_864
+    max_output_bytes: int = Field(default=2_097_152, gt=0, le=2_147_418_111)
+    # A compressed batch is decompressed into one buffer this large (untouched pages cost no
+    # memory): 4 GiB holds the largest output twice over; far more cannot be allocated.
+    max_batch_bytes: int = Field(default=67_108_864, gt=0, le=4_294_967_296)
 
     # Scoring
     profiles_file: Path | None = None
@@ -132,7 +139,9 @@ class Settings(BaseSettings):
     domain_thresholds: Annotated[dict[str, float], NoDecode] = Field(default_factory=dict)
 
     # Novelty
-    cache_capacity: PositiveInt = 1000
+    # At most 100,000 (100x the default): a partition taken over embeds its whole cache again
+    # (~30 min at 100,000), and a cache reserves 8 bytes a slot at its first record.
+    cache_capacity: int = Field(default=1000, gt=0, le=100_000)
     # Whole milliseconds of event time: under 1 ms would round to no TTL at all.
     cache_ttl_seconds: float | None = Field(default=None, ge=0.001)
     model_path: Path | None = None
@@ -142,7 +151,9 @@ class Settings(BaseSettings):
     embed_concurrency: PositiveInt | None = None
     embed_threads: PositiveInt = 1
     embed_batch_size: PositiveInt = 1
-    embed_max_tokens: PositiveInt = 256
+    # At most 512, the model's position embeddings (the reference reads 512): the start-up
+    # check embeds a text this long.
+    embed_max_tokens: int = Field(default=256, gt=0, le=512)
     embed_providers: str = "CPUExecutionProvider"
 
     # Operations

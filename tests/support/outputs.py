@@ -20,7 +20,7 @@ class Output:
     source_offset: int
     key: bytes | None
     value: bytes | None
-    headers: dict[str, bytes]
+    headers: dict[str, bytes | None]  # a header without a value is None
 
     @property
     def document(self) -> dict[str, Any]:
@@ -33,7 +33,7 @@ class Output:
 
 
 def _output(decision: str, message: Any) -> Output:
-    headers = {k: bytes(v) for k, v in (message.headers or ())}
+    headers = {k: None if v is None else bytes(v) for k, v in (message.headers or ())}
     if decision == "dead_letter":
         partition, offset = _dead_letter_source(headers)
     else:

@@ -158,12 +158,49 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
         {"KP_SHUTDOWN_TIMEOUT_SECONDS": "Infinity"},
         "KP_SHUTDOWN_TIMEOUT_SECONDS",
     ),
+    # Beyond what the deadline's timer can wait: it would die at the first SIGTERM, unfired.
+    "shutdown_timeout_beyond_the_timer": (
+        {"KP_SHUTDOWN_TIMEOUT_SECONDS": "1e10"},
+        "KP_SHUTDOWN_TIMEOUT_SECONDS",
+    ),
+    # 800 MB reserved by each partition's cache at its first record.
+    "cache_capacity_huge": ({"KP_CACHE_CAPACITY": "100000000"}, "KP_CACHE_CAPACITY"),
+    # Longer than the model's 512 position embeddings (10**9 built a 2 GB test text).
+    "embed_max_tokens_beyond_the_model": ({"KP_EMBED_MAX_TOKENS": "513"}, "KP_EMBED_MAX_TOKENS"),
     "max_message_bytes_text": ({"KP_MAX_MESSAGE_BYTES": "1MB"}, "KP_MAX_MESSAGE_BYTES"),
+    # Each valid before it was bounded: a fetch of twice 1 GiB does not fit Kafka's 32-bit
+    # request field, nor does the largest output plus 64 KiB in the topics' max.message.bytes,
+    # and every compressed batch would need a buffer of 1 TiB.
+    "max_message_bytes_beyond_a_fetch": (
+        {
+            "KP_MAX_MESSAGE_BYTES": "1073741824",
+            "KP_MAX_OUTPUT_BYTES": "1073741825",
+            "KP_MAX_BATCH_BYTES": "2147483648",
+        },
+        "KP_MAX_MESSAGE_BYTES",
+    ),
+    "max_output_bytes_beyond_kafka": (
+        {"KP_MAX_OUTPUT_BYTES": "2147418112", "KP_MAX_BATCH_BYTES": "4294967296"},
+        "KP_MAX_OUTPUT_BYTES",
+    ),
+    "max_batch_bytes_beyond_memory": (
+        {"KP_MAX_BATCH_BYTES": "1099511627776"},
+        "KP_MAX_BATCH_BYTES",
+    ),
     "embedder_required_not_bool": ({"KP_EMBEDDER_REQUIRED": "maybe"}, "KP_EMBEDDER_REQUIRED"),
     "model_path_missing": ({"KP_MODEL_PATH": "/nonexistent/model.onnx"}, "KP_MODEL_PATH"),
     "heartbeat_not_below_session": (
-        {"KP_SESSION_TIMEOUT_SECONDS": "1", "KP_HEARTBEAT_INTERVAL_SECONDS": "1"},
+        {"KP_SESSION_TIMEOUT_SECONDS": "6", "KP_HEARTBEAT_INTERVAL_SECONDS": "6"},
         "KP_HEARTBEAT_INTERVAL_SECONDS",
+    ),
+    # Outside what an Apache Kafka broker accepts by default: refused at the first join.
+    "session_timeout_below_the_brokers_minimum": (
+        {"KP_SESSION_TIMEOUT_SECONDS": "5.9"},
+        "KP_SESSION_TIMEOUT_SECONDS",
+    ),
+    "session_timeout_above_the_brokers_maximum": (
+        {"KP_SESSION_TIMEOUT_SECONDS": "1801"},
+        "KP_SESSION_TIMEOUT_SECONDS",
     ),
 }
 COMMANDS = ("worker", "settings")
@@ -292,6 +329,37 @@ def test_domain_thresholds_json_is_refused_in_one_clear_line(value: str, problem
     with pytest.raises(SettingsError) as refused:
         load_settings(environ={"KP_DOMAIN_THRESHOLDS": value})
     assert str(refused.value) == f"invalid configuration:\n  KP_DOMAIN_THRESHOLDS: {problem}"
+
+
+# The byte limits at their bounds, each with the others it must fit.
+_LARGEST_BYTES = {
+    "KP_MAX_MESSAGE_BYTES": "1073741823",
+    "KP_MAX_OUTPUT_BYTES": "2147418111",
+    "KP_MAX_BATCH_BYTES": "4294967296",
+}
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"KP_SHUTDOWN_TIMEOUT_SECONDS": "3600"},
+        {"KP_CACHE_CAPACITY": "100000"},
+        {"KP_EMBED_MAX_TOKENS": "512"},
+        {"KP_SESSION_TIMEOUT_SECONDS": "1800"},
+        {"KP_SESSION_TIMEOUT_SECONDS": "6"},
+        _LARGEST_BYTES,
+    ],
+    ids=lambda environ: ",".join(environ),
+)
+def test_settings_at_their_bounds_are_accepted(
+    isolated_settings: None, monkeypatch: pytest.MonkeyPatch, environ: dict[str, str]
+) -> None:
+    for variable, value in environ.items():
+        monkeypatch.setenv(variable, value)
+    effective = by_variable(load_settings())
+    assert {variable: effective[variable] for variable in environ} == {
+        variable: float(value) for variable, value in environ.items()
+    }
 
 
 def test_valid_settings_print_and_exit_zero() -> None:

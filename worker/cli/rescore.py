@@ -140,7 +140,9 @@ async def rescore_topics(
                 for record in chunk:
                     if from_ms is not None and record.timestamp_ms < from_ms:
                         continue  # before the range: a broker may seek by time only roughly
-                    kind = next((v for k, v in record.headers if k == ERROR_KIND_HEADER), None)
+                    kind = next(
+                        (v or b"" for k, v in record.headers if k == ERROR_KIND_HEADER), None
+                    )
                     if kind is not None:  # a dead letter
                         summary.add_dead_letter(kind.decode("utf-8", "replace"))
                         continue

@@ -15,6 +15,7 @@ from worker.core.errors import InternalScoringError, OutputTooLargeError, TraceE
 from worker.core.records import (
     OTHER_DOMAIN,
     Decision,
+    Headers,
     RoutedRecord,
     SourceRecord,
     UnreadableValue,
@@ -111,7 +112,7 @@ def scored_value(
     return orjson.dumps({"trace": trace, "score": score, "scorer": scorer, "source": source})
 
 
-def producer_headers(headers: tuple[tuple[str, bytes], ...]) -> tuple[tuple[str, bytes], ...]:
+def producer_headers(headers: Headers) -> Headers:
     """The input's headers less any whose name starts with ``kp-`` (in any case): those are the
     scorer's alone on an output, so a producer cannot pass off a verdict of its own."""
     return tuple(h for h in headers if not h[0].lower().startswith(HEADER_PREFIX))

@@ -37,6 +37,11 @@ class UnreadableValue(bytes):
         return value
 
 
+# A header's value may be null on the wire (a producer may send a header without one): it is
+# passed on as null, as the output contract keeps the input's headers.
+Headers = tuple[tuple[str, bytes | None], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class SourceRecord:
     """One input record as read from the log (or a line of a file, offline)."""
@@ -47,7 +52,7 @@ class SourceRecord:
     timestamp_ms: int
     key: bytes | None
     value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = ()
+    headers: Headers = ()
 
     @property
     def topic_partition(self) -> tuple[str, int]:
@@ -61,7 +66,7 @@ class RoutedRecord:
     source: SourceRecord
     decision: Decision
     value: bytes | None  # None only for a dead letter: a tombstone, or a value left out
-    headers: tuple[tuple[str, bytes], ...]
+    headers: Headers
     domain_label: str
     breakdown: ScoreBreakdown | None = None
     error: TraceError | None = None

@@ -164,7 +164,7 @@ async def _create(admin: AIOKafkaAdminClient, topics: list[NewTopic]) -> None:
 
 def source_record(message: Any, timestamp_ms: int) -> SourceRecord:
     """A consumed record (aiokafka's or faust's) as the scorer takes it. A header value may be
-    null on the wire: it is read as empty bytes."""
+    null on the wire: it stays null, not empty bytes, on every output that keeps it."""
     headers = message.headers or ()
     if isinstance(headers, dict):
         headers = headers.items()
@@ -175,7 +175,7 @@ def source_record(message: Any, timestamp_ms: int) -> SourceRecord:
         timestamp_ms=timestamp_ms,
         key=message.key,
         value=message.value,
-        headers=tuple((str(k), bytes(v or b"")) for k, v in headers),
+        headers=tuple((str(k), None if v is None else bytes(v)) for k, v in headers),
     )
 
 

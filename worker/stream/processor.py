@@ -147,13 +147,17 @@ class StreamScorer:
         return [routed for routed in results if routed is not None]
 
     async def close(self, timeout: float) -> None:
-        """Drain on stop (step 4 of :mod:`worker.stream.checkpoint`), then :meth:`stop`."""
+        """Drain on stop (step 4 of :mod:`worker.stream.checkpoint`), then :meth:`stop`. A
+        cache rebuild under way is given up first: nothing waits on it but records of its
+        partition, which are left to the partition's next owner."""
+        self.partitions.stop()
         await self.checkpoint.close(timeout)
         await self.stop()
 
     async def stop(self) -> None:
         """Abandon what is in the pipeline: none of it was acknowledged, so it is redelivered."""
         self.failures.stopping()
+        self.partitions.stop()
         await self.checkpoint.stop()
         self._decoder.shutdown(wait=False, cancel_futures=True)
 

@@ -254,6 +254,85 @@ def test_a_partition_revoked_while_a_rebuild_runs_is_not_kept() -> None:
     assert [r.source.offset for r in publisher.published if r.source.partition == 1] == [10, 11]
 
 
+class CountingEmbedder(HashEmbedder):
+    """Takes ``seconds`` per text, as a model does, and counts the texts it embedded."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.texts = 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        time.sleep(self.seconds * len(texts))
+        self.texts += len(texts)
+        return super().embed(texts)
+
+
+HISTORY = 400  # traces before the committed offset: 4 s to embed them all at 10 ms each
+
+
+def _rebuilding_stream() -> tuple[StreamScorer, CountingEmbedder]:
+    embedder = CountingEmbedder(0.01)
+    records = [
+        SourceRecord(TOPIC, 0, i, 1000 + i, b"k", orjson.dumps(make_trace(objective=f"task {i}")))
+        for i in range(HISTORY)
+    ]
+    caches = PartitionCaches(HISTORY)
+    scorer = Scorer(load_profiles(None), Thresholds(), caches, embedder)
+    return StreamScorer(scorer, FakeLog(records, committed=HISTORY), FakePublisher()), embedder
+
+
+async def _rebuild_under_way(embedder: CountingEmbedder) -> None:
+    while not embedder.texts:
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("how", ["revoked", "stopping"])
+def test_a_rebuild_is_given_up_when_its_partition_is_revoked_or_the_worker_stops(
+    how: str,
+) -> None:
+    """Neither a rebalance nor a stop waits for a rebuild whose partition is given up: the
+    rebuild stops within a step, keeps nothing, and leaves the partition to its next owner."""
+    stream, embedder = _rebuilding_stream()
+
+    async def scenario() -> float:
+        stream.assigned([(TOPIC, 0)])
+        await _rebuild_under_way(embedder)
+        began = time.monotonic()
+        if how == "revoked":
+            stream.assigned([])
+            await stream.checkpoint.drain()
+        else:
+            await stream.close(5.0)
+        return time.monotonic() - began
+
+    waited = run(scenario())
+    assert embedder.texts < HISTORY / 4, f"embedded {embedder.texts} of {HISTORY}"
+    assert waited < 1.0, f"{how}: waited {waited:.1f} s for the rebuild"
+    assert stream.partitions.owned() == []
+    assert stream.scorer.caches.partitions() == []
+
+
+def test_a_record_waiting_on_a_rebuild_given_up_at_a_stop_is_left_unscored() -> None:
+    """The partition's first record came before its rebuild ended: at a stop it is neither
+    scored with a partial cache nor acknowledged, so its partition's next owner scores it."""
+    stream, embedder = _rebuilding_stream()
+    record = SourceRecord(TOPIC, 0, HISTORY, 9999, b"k", orjson.dumps(make_trace()))
+    acknowledged: list[int] = []
+
+    async def acknowledge() -> None:
+        acknowledged.append(record.offset)
+
+    async def scenario() -> list[asyncio.Future[RoutedRecord | None]]:
+        submitted = asyncio.ensure_future(stream.submit([record], None, [acknowledge]))
+        await _rebuild_under_way(embedder)
+        await stream.close(5.0)
+        return await asyncio.wait_for(submitted, 1.0)
+
+    assert run(scenario()) == []
+    assert embedder.texts < HISTORY / 4
+    assert stream.checkpoint.publisher.published == [] and acknowledged == []
+
+
 def test_partition_revoked_while_scoring_leaves_no_state() -> None:
     log = FakeLog(log_of(6), committed=0)
     publisher = FakePublisher()
