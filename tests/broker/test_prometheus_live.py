@@ -72,7 +72,8 @@ EMPTY_BY_DESIGN: dict[str, str] = {
     # a rebalance); this workload starts from empty topics with one worker.
     "kp_cache_rebuild_seconds_bucket": "no cache rebuild in a single worker's first run",
 }
-# Labels that a healthy worker's series lack, by design; a ``by`` of them is not flagged.
+# Labels that a healthy worker's series lack, by design; a ``by`` of them, or a matcher on
+# them, is not flagged.
 ABSENT_LABELS = {
     # kp_embedder_info{reason} says why there is no model: empty while the model is loaded,
     # and Prometheus stores no empty label. The "Embedder per worker" table shows it then.
@@ -342,6 +343,7 @@ def unknown_labels(prometheus: Prometheus, expr: str) -> list[str]:
         for selector in promql_selectors(expr)
         for matcher in selector.matchers.matchers
         if matcher.name not in label_sets[selector.name]
+        and ABSENT_LABELS.get(matcher.name) != selector.name
     ]
     for node in promql_nodes(expr):
         modifier = getattr(node, "modifier", None)
