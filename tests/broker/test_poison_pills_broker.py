@@ -85,17 +85,24 @@ def _headers_schema() -> Draft202012Validator:
     )
 
 
-@pytest.mark.broker
-def test_records_without_key_or_value_are_dead_lettered_and_the_worker_goes_on(
-    kafka_bootstrap: str,
-) -> None:
+def one_partition_topics(bootstrap: str, name: str) -> tuple[dict[str, str], dict[str, str]]:
+    """A worker's settings over new one-partition topics, its input topic made, with the
+    message limits of these tests."""
     env, topics = worker_topics(
-        f"poison-{uuid.uuid4().hex[:8]}",
+        f"{name}-{uuid.uuid4().hex[:8]}",
         partitions=1,
         KP_MAX_MESSAGE_BYTES=str(MAX_MESSAGE_BYTES),
         KP_MAX_OUTPUT_BYTES=str(MAX_OUTPUT_BYTES),
     )
-    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=1)
+    create_topics(bootstrap, [env["KP_INPUT_TOPIC"]], partitions=1)
+    return env, topics
+
+
+@pytest.mark.broker
+def test_records_without_key_or_value_are_dead_lettered_and_the_worker_goes_on(
+    kafka_bootstrap: str,
+) -> None:
+    env, topics = one_partition_topics(kafka_bootstrap, "poison")
     valid = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()][:6]
     planned: list[tuple[str, bytes | None, bytes | None]] = [
         ("valid first", b"v0", valid[0]),
@@ -168,13 +175,7 @@ def test_a_key_too_large_to_publish_is_dead_lettered_without_it_and_the_worker_g
 ) -> None:
     """An input topic may take records larger than the outputs may be: a key over the publish
     limit would be refused in every form that keeps it, at every restart."""
-    env, topics = worker_topics(
-        f"hugekey-{uuid.uuid4().hex[:8]}",
-        partitions=1,
-        KP_MAX_MESSAGE_BYTES=str(MAX_MESSAGE_BYTES),
-        KP_MAX_OUTPUT_BYTES=str(MAX_OUTPUT_BYTES),
-    )
-    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=1)
+    env, topics = one_partition_topics(kafka_bootstrap, "hugekey")
     valid = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()][:2]
     with WorkerProcess(kafka_bootstrap, **env) as worker:
         worker.wait_for_event("scorer ready", timeout=90)

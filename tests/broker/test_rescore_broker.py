@@ -196,6 +196,21 @@ def test_rescore_counts_dead_letters_read_from_the_dead_letter_topic(
     assert summary["rescored"] == len(recorded["accepted"])
 
 
+def over_a_range(
+    bootstrap: str, command: str, argv: list[str], *rescore_flags: str
+) -> subprocess.CompletedProcess[str]:
+    """``replay`` or ``rescore --from-topics`` (with ``rescore_flags``) over ``argv``."""
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", command, *argv]
+        + (["--from-topics", *rescore_flags] if command == "rescore" else []),
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 @pytest.mark.parametrize("command", ["replay", "rescore"])
 def test_a_partition_the_topic_lacks_is_a_bad_range(
     kafka_bootstrap: str, new_topic_name, command: str
@@ -206,15 +221,7 @@ def test_a_partition_the_topic_lacks_is_a_bad_range(
     create_topics(kafka_bootstrap, [topic], partitions=2)
     prefix = new_topic_name("range-out")
     argv = ["--topic", topic, "--partitions", "1,5", "--output-prefix", prefix]
-    done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", command, *argv]
-        + (["--from-topics"] if command == "rescore" else []),
-        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = over_a_range(kafka_bootstrap, command, argv)
     assert done.returncode == 2, done.stderr
     assert (
         done.stderr.strip().splitlines()[-1] == f"kp-scorer: topic {topic!r} has no partitions [5]"
@@ -233,15 +240,7 @@ def test_a_range_ending_past_the_log_stops_at_its_end(
     examples = [line for line in EXAMPLES.read_bytes().splitlines() if line.strip()]
     produce(kafka_bootstrap, topic, [(b"k", line, 0, []) for line in examples[:3]])
     argv = ["--topic", topic, "--to-offset", "1000", "--output-prefix", new_topic_name("out")]
-    done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", command, *argv]
-        + (["--from-topics", "--json"] if command == "rescore" else []),
-        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = over_a_range(kafka_bootstrap, command, argv, "--json")
     assert done.returncode == 0, done.stderr
     if command == "rescore":  # raw traces: read, and not re-scored
         assert orjson.loads(done.stdout)["records"] == 3
@@ -317,15 +316,7 @@ def test_a_topic_that_does_not_exist_is_a_bad_range_and_is_not_made(
     empty topic: exit 0, 0 records, and a stray topic left on the cluster."""
     topic = new_topic_name("misspelt")
     argv = ["--topic", topic, "--output-prefix", new_topic_name("out")]
-    done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", command, *argv]
-        + (["--from-topics"] if command == "rescore" else []),
-        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = over_a_range(kafka_bootstrap, command, argv)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
         f"kp-scorer: topic {topic!r} does not exist or has no partitions"
