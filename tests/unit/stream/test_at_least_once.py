@@ -196,16 +196,20 @@ def test_a_redelivered_offset_waits_for_its_first_delivery_to_be_published() -> 
 
 def test_a_stop_acknowledges_nothing_the_broker_did_not_take() -> None:
     """SIGTERM with outputs still waiting for the broker: the stop gives up on them without
-    acknowledging any, and records handed over after the stop are left alone too."""
-    inputs = records(6, partitions=1)
-    first, later = inputs[:3], inputs[3:]
+    acknowledging any, nor the records waiting for a place in the pipeline when it came, nor
+    records handed over after it."""
+    inputs = records(9, partitions=1)
+    first, waiting, later = inputs[:3], inputs[3:6], inputs[6:]
     ledger = Ledger()
     publisher = Publisher(ledger, delay=lambda offset: 0.05 if offset[1] == 0 else 60.0)
 
     async def scenario() -> None:
-        pipeline = stream(inputs, publisher)
+        pipeline = stream(inputs, publisher, max_in_flight_records=3)
         pending = await pipeline.submit(
             first, acknowledgements=[ledger.acknowledgement(r) for r in first]
+        )
+        queued = asyncio.ensure_future(  # the pipeline is full: these wait for a place
+            pipeline.submit(waiting, acknowledgements=[ledger.acknowledgement(r) for r in waiting])
         )
         while ("published", (0, 0)) not in ledger.events:  # 1 and 2 wait on the broker
             await asyncio.sleep(0.01)
@@ -213,7 +217,7 @@ def test_a_stop_acknowledges_nothing_the_broker_did_not_take() -> None:
         late = await pipeline.submit(
             later, acknowledgements=[ledger.acknowledgement(r) for r in later]
         )
-        await asyncio.gather(*pending, *late, return_exceptions=True)
+        await asyncio.gather(*pending, *await queued, *late, return_exceptions=True)
 
     run(scenario())
     ledger.assert_nothing_acknowledged_before_published()
