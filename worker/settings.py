@@ -188,10 +188,10 @@ class Settings(BaseSettings):
         if not isinstance(value, str):
             return value
         try:
-            decoded = json.loads(value, object_pairs_hook=_unique_keys)
+            decoded = json.loads(value, object_pairs_hook=unique_keys)
         except (ValueError, RecursionError):
             raise PydanticCustomError("json_invalid", "not a valid JSON value") from None
-        except _DuplicateKey as exc:
+        except RepeatedKeyError as exc:
             raise PydanticCustomError(
                 "duplicate_key", "key {key} appears twice", {"key": repr(exc.key)}
             ) from None
@@ -303,16 +303,21 @@ class Settings(BaseSettings):
         return self.embed_concurrency or usable_cores()
 
 
-class _DuplicateKey(Exception):
+class RepeatedKeyError(Exception):
+    """A JSON object gives one key twice: a decoder keeps the last one, and which one the
+    operator meant is unknown."""
+
     def __init__(self, key: str) -> None:
         self.key = key
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook`` for operators' JSON: a key given twice raises
+    :class:`RepeatedKeyError`."""
     seen: set[str] = set()
     for key, _ in pairs:
         if key in seen:
-            raise _DuplicateKey(key)
+            raise RepeatedKeyError(key)
         seen.add(key)
     return dict(pairs)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from contextlib import suppress
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import orjson
 
 from worker.core.trace import Trace
+from worker.settings import RepeatedKeyError, unique_keys
 
 NOVELTY_FALLBACK = 0.5
 WEIGHT_SUM_TOLERANCE = 1e-9
@@ -130,17 +130,6 @@ def profiles_from_mapping(raw: Any) -> ProfileSet:
     return ProfileSet(profiles)
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json's object hook: a key given twice is refused (a decoder keeps the last one, and
-    which one the operator meant is unknown)."""
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise ProfileError(f"key {key!r} appears twice in one object of the profiles file")
-        seen.add(key)
-    return dict(pairs)
-
-
 def load_profiles(path: Path | None) -> ProfileSet:
     """The built-in profiles, or the operator's file (JSON) replacing them entirely."""
     if path is None:
@@ -150,8 +139,14 @@ def load_profiles(path: Path | None) -> ProfileSet:
         raw = orjson.loads(data)
     except (OSError, orjson.JSONDecodeError) as exc:
         raise ProfileError(f"cannot read profiles file {path}: {exc}") from None
-    with suppress(RecursionError):  # nested that deep, it has no profile's shape anyway
-        json.loads(data, object_pairs_hook=_unique_keys)
+    try:
+        json.loads(data, object_pairs_hook=unique_keys)
+    except RepeatedKeyError as exc:
+        raise ProfileError(
+            f"key {exc.key!r} appears twice in one object of the profiles file"
+        ) from None
+    except RecursionError:  # nested that deep, it has no profile's shape anyway
+        pass
     return profiles_from_mapping(raw)
 
 
