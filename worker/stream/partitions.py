@@ -73,6 +73,10 @@ class Partitions:
         partitions' records are left, unacknowledged, to their next owners)."""
         self._stopping = True
 
+    def _given_up(self, tp: TopicPartition, epoch: int) -> bool:
+        """Whether work on tp begun at ``epoch`` is to be dropped: revoked since, or stopping."""
+        return self._stopping or self._epochs[tp] != epoch
+
     def assigned(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
         """The consumer now holds ``partitions``: forget the lost ones; returns the new ones.
 
@@ -183,7 +187,7 @@ class Partitions:
             await self.rebuild_cache(tp, start)
         finally:
             self.observer.health.progress(rebuilding=-1)
-        if self._epochs[tp] != epoch or self._stopping:  # given up: nothing of it is kept
+        if self._given_up(tp, epoch):  # nothing of it is kept
             self.scorer.drop_partition(tp)
             return
         self._next_offset[tp] = start
@@ -215,7 +219,7 @@ class Partitions:
         traces = traces[-capacity:]
         embedded = 0
         for first in range(0, len(traces), REBUILD_STEP_TRACES):
-            if self._stopping or self._epochs[tp] != epoch:
+            if self._given_up(tp, epoch):
                 log.info(
                     "novelty cache rebuild given up",
                     extra={
