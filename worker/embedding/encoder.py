@@ -58,6 +58,10 @@ class Encoder:
         for row, encoding in enumerate(encodings):
             input_ids[row, : lengths[row]] = encoding.ids
         attention_mask = (np.arange(width) < lengths[:, None]).astype(np.int64)
+        return self.model_inputs(input_ids, attention_mask)
+
+    def model_inputs(self, input_ids: IntArray, attention_mask: IntArray) -> Feeds:
+        """The feeds for these ids: token types all 0, where the model takes them."""
         feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
         if self._feeds_token_types:
             feeds["token_type_ids"] = np.zeros_like(input_ids)

@@ -69,7 +69,7 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
     tokenizer, pad_id = load_tokenizer(Path(config.tokenizer_path), config.max_tokens)
     model = _open_model(model_path, SessionFactory(config.threads, config.providers))
     encoder = Encoder(tokenizer, pad_id, config.max_tokens, [i.name for i in model.get_inputs()])
-    _check_vocabulary(model, max(max(tokenizer.get_vocab().values()), pad_id), config)
+    _check_vocabulary(model, encoder, max(max(tokenizer.get_vocab().values()), pad_id), config)
     embedder = OnnxEmbedder(
         model=model,
         encoder=encoder,
@@ -84,16 +84,15 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
     return embedder
 
 
-def _check_vocabulary(model: ort.InferenceSession, top_id: int, config: EmbedderConfig) -> None:
+def _check_vocabulary(
+    model: ort.InferenceSession, encoder: Encoder, top_id: int, config: EmbedderConfig
+) -> None:
     """Refuse a tokenizer with ids the model has no embedding for (another model's): it
     would load, then fail on the first text holding one, and the worker stops on such a
     record at every restart."""
     ids = np.array([[top_id]], dtype=np.int64)
-    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-    if "token_type_ids" in {i.name for i in model.get_inputs()}:
-        feeds["token_type_ids"] = np.zeros_like(ids)
     try:
-        model.run(None, feeds)
+        model.run(None, encoder.model_inputs(ids, np.ones_like(ids)))
     except Exception as exc:
         raise EmbedderUnavailable(
             f"tokenizer {config.tokenizer_path} has token ids up to {top_id}, which the model "
