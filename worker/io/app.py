@@ -176,9 +176,7 @@ class ScorerApp(faust.App):
         observer.configured_thresholds(settings.accept_threshold, settings.domain_thresholds)
         await _wait_for_kafka(settings, observer, self.failures)
         scorer = await asyncio.to_thread(build_scorer, settings)
-        observer.configured(
-            __version__, scorer.model_id, settings.accept_threshold, settings.domain_thresholds
-        )
+        observer.configured(__version__, scorer.model_id)
         if not scorer.has_embedder:
             log.warning(
                 "embedder unavailable; novelty is 0.5", extra={"reason": scorer.embedder_reason}

@@ -46,17 +46,10 @@ class MetricsObserver:
         metrics.seconds_since_last_publish.set_function(self.broker.seconds_since_publish)
         metrics.consumer_lag.source = self.lag.snapshot
 
-    def configured(
-        self,
-        version: str,
-        model_id: str | None,
-        accept_threshold: float,
-        domain_thresholds: dict[str, float],
-    ) -> None:
-        """What dashboards and alerts compare against: the build, the configured thresholds
-        and budget."""
+    def configured(self, version: str, model_id: str | None) -> None:
+        """The build, once the model is loaded (the thresholds are known before: see
+        :meth:`configured_thresholds`)."""
         metrics.build_info.info({"version": version, "model": model_id or ""})
-        self.configured_thresholds(accept_threshold, domain_thresholds)
         # Every kind at 0 from the start: a counter whose series is born at 1 shows no
         # increase, so the first internal error since a start would never raise its alert.
         for kind in ERROR_KINDS:

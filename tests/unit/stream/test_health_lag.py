@@ -236,7 +236,7 @@ def test_every_dead_letter_kind_is_exported_once_the_worker_is_configured() -> N
     """KpScorerInternalErrors reads increase(kp_dead_letters_total{kind="internal"}[15m]); a
     series first exported at 1 shows no increase, so the first internal error since a start
     would raise no alert unless the series was there, at 0, before it."""
-    MetricsObserver().configured("9.9.9", "model-x", 0.7, {})
+    MetricsObserver().configured("9.9.9", "model-x")
     for kind in ERROR_KINDS:
         assert REGISTRY.get_sample_value("kp_dead_letters_total", {"kind": kind}) is not None, kind
 
@@ -244,7 +244,8 @@ def test_every_dead_letter_kind_is_exported_once_the_worker_is_configured() -> N
 def test_endpoints_answer_from_the_health_state_and_lag_is_exported_at_scrape_time() -> None:
     observer = MetricsObserver(stall_seconds=60)
     observer.watch()
-    observer.configured("9.9.9", "model-x", 0.7, {"finance": 0.8})
+    observer.configured_thresholds(0.7, {"finance": 0.8})
+    observer.configured("9.9.9", "model-x")
     observer.partitions_assigned([TP])
     observer.lag.started(TP, 3)
     observer.lag.log_ends({TP: 8})
