@@ -47,8 +47,8 @@ class MetricsObserver:
         metrics.consumer_lag.source = self.lag.snapshot
 
     def configured(self, version: str, model_id: str | None) -> None:
-        """The build, once the model is loaded (the thresholds are known before: see
-        :meth:`configured_thresholds`)."""
+        """The build, once the model is loaded, and every dead-letter kind at 0 (the thresholds
+        are known before: :meth:`configured_thresholds`)."""
         metrics.build_info.info({"version": version, "model": model_id or ""})
         # Every kind at 0 from the start: a counter whose series is born at 1 shows no
         # increase, so the first internal error since a start would never raise its alert.
