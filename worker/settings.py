@@ -183,8 +183,7 @@ class Settings(BaseSettings):
     @field_validator("domain_thresholds", mode="before")
     @classmethod
     def _thresholds_json(cls, value: object) -> object:
-        """The variable's JSON, a key given twice refused: a decoder keeps the last one, and
-        which threshold the operator meant is unknown (as for the profiles file)."""
+        """The variable's JSON, a key given twice refused (:class:`RepeatedKeyError`)."""
         if not isinstance(value, str):
             return value
         try:
@@ -304,16 +303,14 @@ class Settings(BaseSettings):
 
 
 class RepeatedKeyError(Exception):
-    """A JSON object gives one key twice: a decoder keeps the last one, and which one the
-    operator meant is unknown."""
+    """A JSON object gives one key twice: which one the operator meant is unknown."""
 
     def __init__(self, key: str) -> None:
         self.key = key
 
 
 def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``'s ``object_pairs_hook`` for operators' JSON: a key given twice raises
-    :class:`RepeatedKeyError`."""
+    """``json.loads``'s object_pairs_hook for operators' JSON, refusing a repeated key."""
     seen: set[str] = set()
     for key, _ in pairs:
         if key in seen:
