@@ -68,3 +68,14 @@ def test_the_simulation_runs_the_model_alone_on_the_phase_send_times(bench: Modu
     # All at once on two threads: the last pair waits for 49 pairs ahead.
     together = [bench._worker.Sent(0, i, 100.0) for i in range(100)]
     assert bench.simulated_p99(engine, together) > 1.0
+
+
+def test_the_worker_cpu_simulation_stretches_each_run_by_cpu_a_trace(bench: ModuleType) -> None:
+    engine = bench.budget_floor.Engine(
+        "model", work=np.array([0.04, 0.08]), alone=np.array([0.04, 0.08]), max_rate=50.0
+    )
+    apart = [bench._worker.Sent(0, i, 100.0 + i) for i in range(100)]
+    # The model's CPU a trace is 60 ms; a worker spending 9 s on 100 traces spends 90.
+    p99, worker_ms, model_ms = bench.simulated_at_worker_cpu(engine, apart, 9.0)
+    assert (worker_ms, model_ms) == pytest.approx((90.0, 60.0))
+    assert p99 == pytest.approx(0.08 * 1.5)
