@@ -28,10 +28,11 @@ process:
    - on two real cores:
      - ``two cores, whole runs``: each run whole on the first free core in arrival order
        (what the worker does: a lone text runs on one core);
-     - ``as shipped (model)``: the embedder's own rule as a fluid model: at most two runs at
-       once, a run alone as fast as it measured alone as shipped,
-       two side by side each as much slower as the backlog's rate says. Then the same with
-       either loss taken away: runs side by side at full speed, a run alone twice as fast;
+     - ``as shipped (model)``: the embedder's own rule as a fluid model: at most as many runs
+       at once as the embedder has model threads (two here), a run alone as fast as it
+       measured alone as shipped, runs side by side each as much slower as the backlog's rate
+       says. Then the same with either loss taken away: runs side by side at full speed, a
+       run alone twice as fast;
 4. ``as shipped``, first ``--texts`` arrivals: the fluid model, then the embedder itself fed
    those arrivals in real time (the time from each arrival to its vector).
 
@@ -85,14 +86,18 @@ def on_first_free(arrivals: Seconds, work: Seconds, cores: int) -> Seconds:
 
 
 def as_shipped(
-    arrivals: Seconds, work: Seconds, alone_speed: Seconds, side_by_side: float
+    arrivals: Seconds,
+    work: Seconds,
+    alone_speed: Seconds,
+    side_by_side: float,
+    slots: int = 2,
 ) -> Seconds:
-    """Response times on two cores under the embedder's own rule, as a fluid model.
+    """Response times under the embedder's own rule, as a fluid model.
 
-    At most two runs at a time, the rest wait in arrival order; a run alone goes
-    ``alone_speed`` times as fast as on one thread (about 1 as shipped: a lone run takes one
-    core), two runs side by side each go ``1 / side_by_side`` as
-    fast (they share caches and memory bandwidth).
+    At most ``slots`` runs at a time (the embedder's model threads: one per core as
+    shipped), the rest wait in arrival order; a run alone goes ``alone_speed`` times as fast
+    as on one thread (about 1 as shipped: a lone run takes one core), runs side by side each
+    go ``1 / side_by_side`` as fast (they share caches and memory bandwidth, or one core).
     """
     count = len(arrivals)
     response = np.empty(count)
@@ -100,7 +105,7 @@ def as_shipped(
     running: dict[int, float] = {}  # run -> work left, in seconds of one thread alone
     now, arrived = 0.0, 0
     while arrived < count or waiting or running:
-        while waiting and len(running) < 2:
+        while waiting and len(running) < slots:
             index = waiting.popleft()
             running[index] = work[index]
         speeds = {
@@ -165,6 +170,7 @@ class Engine:
     work: Seconds  # each text alone on one thread
     alone: Seconds  # each text alone on the embedder as shipped
     max_rate: float  # the embedder as shipped on a backlog, texts/s
+    slots: int = 2  # the embedder's model threads as shipped
 
     @property
     def alone_speed(self) -> Seconds:
@@ -172,8 +178,9 @@ class Engine:
 
     @property
     def side_by_side(self) -> float:
-        """How much slower each of two runs side by side goes than one alone on one thread."""
-        return max(1.0, 2 / float(self.work.mean()) / self.max_rate)
+        """How much slower each of ``slots`` runs side by side goes than one alone on one
+        thread."""
+        return max(1.0, self.slots / float(self.work.mean()) / self.max_rate)
 
 
 def measure_engine(name: str, texts: Sequence[str], repeats: int) -> tuple[Engine, Any]:
@@ -213,7 +220,7 @@ def measure_engine(name: str, texts: Sequence[str], repeats: int) -> tuple[Engin
     for future in [shipped.submit([text]) for text in texts]:
         future.result()
     max_rate = len(texts) / (time.perf_counter() - started)
-    return Engine(name, work, alone, max_rate), shipped
+    return Engine(name, work, alone, max_rate, config.concurrency), shipped
 
 
 def replay(embedder: Any, texts: Sequence[str], arrivals: Seconds) -> Seconds:
@@ -289,8 +296,8 @@ def main() -> None:
             f"{engine.alone_speed[slowest].mean():.2f}x as fast as on one thread"
         )
         print(
-            f"    max rate {engine.max_rate:.1f} texts/s as shipped, 2 / mean work "
-            f"{2 / work.mean():.1f}: two runs side by side each "
+            f"    max rate {engine.max_rate:.1f} texts/s as shipped, {engine.slots} / mean "
+            f"work {engine.slots / work.mean():.1f}: {engine.slots} runs side by side each "
             f"{engine.side_by_side:.2f}x slower than alone"
         )
         print(f"    {'(ms)':38s} {'p50':>7s} {'p95':>7s} {'p99':>7s} {'>100ms':>8s}")
@@ -317,10 +324,13 @@ def main() -> None:
                 ("  alone twice as fast", perfect, engine.side_by_side),
                 ("  both", perfect, 1.0),
             ):
-                print(row(label, as_shipped(arrivals, needs, alone_speed, side_by_side)))
+                response = as_shipped(arrivals, needs, alone_speed, side_by_side, engine.slots)
+                print(row(label, response))
             real = np.cumsum(gaps[: len(texts)]) - gaps[0]
             first = drawn[: len(texts)]
-            model = as_shipped(real, work[first], engine.alone_speed[first], engine.side_by_side)
+            model = as_shipped(
+                real, work[first], engine.alone_speed[first], engine.side_by_side, engine.slots
+            )
             print(row(f"as shipped (model), first {len(texts)}", model))
             measured = replay(shipped, [texts[i] for i in first], real)
             print(row(f"as shipped (measured), first {len(texts)}", measured))

@@ -248,6 +248,7 @@ def simulated_p99(
         engine.work[examples] * scale,
         engine.alone_speed[examples],
         engine.side_by_side,
+        engine.slots,
     )
     return float(np.percentile(response, 99))
 

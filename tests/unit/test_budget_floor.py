@@ -79,3 +79,11 @@ def test_shipped_rule_splits_a_lone_run_and_shares_the_cores(floor: ModuleType) 
 def test_shipped_rule_queues_a_third_run(floor: ModuleType) -> None:
     response = floor.as_shipped(np.zeros(3), np.full(3, 0.02), np.ones(3), 1.0)
     assert response == pytest.approx([0.02, 0.02, 0.04])
+
+
+def test_shipped_rule_with_one_model_thread_runs_in_arrival_order(floor: ModuleType) -> None:
+    # One core, one model thread (the shipped count on one core): the second waits its turn.
+    response = floor.as_shipped(
+        np.array([0.0, 0.01]), np.array([0.06, 0.01]), np.ones(2), 2.0, slots=1
+    )
+    assert response == pytest.approx([0.06, 0.06])
