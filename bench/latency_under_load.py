@@ -4,13 +4,14 @@
                                        [--env KEY=VALUE ...] [--rate R] [--loads 0.25,0.5,0.8]
                                        [--per-phase N] [--max-rate-records N]
                                        [--arrivals poisson|even] [--repeat-texts]
-                                       [--others-cpus LIST]
+                                       [--others-cpus LIST] [--bootstrap HOST:PORT]
 
-On the embedded broker, one `kp-scorer worker` subprocess per configuration, each on its
-own 4-partition topics, all started up front (an idle worker costs next to nothing). A
-configuration is a name and the settings its worker runs with, e.g. `--config default:`
-(the shipped settings; the default) or `--config conc1:KP_EMBED_CONCURRENCY=1`; --env
-settings apply to every worker, under the configuration's own.
+On the embedded broker (or the one --bootstrap names), one `kp-scorer worker` subprocess per
+configuration, each on its own 4-partition topics, all started up front (an idle worker costs
+next to nothing). A configuration is a name and the settings its worker runs with, e.g.
+`--config default:` (the shipped settings; the default) or `--config
+conc1:KP_EMBED_CONCURRENCY=1`; --env settings apply to every worker, under the
+configuration's own.
 
 First each worker's max rate is measured as in bench/worker_throughput.py (a backlog,
 first to last output timestamp). Then a paced producer sends at 25 %, 50 % and 80 % (--loads)
@@ -380,9 +381,12 @@ async def run_phase(
 
 
 async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
-    broker = EmbeddedBroker()
-    broker.start()
-    bootstrap = broker.bootstrap_servers
+    broker, bootstrap = None, args.bootstrap
+    if bootstrap is None:
+        broker = EmbeddedBroker()
+        broker.start()
+        bootstrap = broker.bootstrap_servers
+    broker_pid = None if broker is None else broker.pid
     unique = not args.repeat_texts
     phases: list[Phase] = []
     try:
@@ -429,7 +433,7 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
             for config in configs[shift:] + configs[:shift]:
                 seed += 1
                 phase = await run_phase(
-                    bootstrap, config, load, load * reference, args, seed, broker.pid, engine
+                    bootstrap, config, load, load * reference, args, seed, broker_pid, engine
                 )
                 phases.append(phase)
                 print_phase(phase)
@@ -437,7 +441,8 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
         for config in configs:
             if config.worker is not None:
                 config.worker.cleanup()
-        broker.stop()
+        if broker is not None:
+            broker.stop()
     return phases
 
 
@@ -569,6 +574,14 @@ def main() -> None:
         type=_machine.cpu_list,
         metavar="LIST",
         help="CPUs for the broker and this process, e.g. 2,3 (default: anywhere)",
+    )
+    parser.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        help=(
+            "a running broker instead of the embedded one, e.g. Apache Kafka from "
+            "docker-compose.yml (localhost:9092); its CPU is not measured"
+        ),
     )
     parser.add_argument(
         "--repeat-texts",
