@@ -98,10 +98,13 @@ class Settings(BaseSettings):
     rejected_topic: str = "kp.traces.rejected"
     dead_letter_topic: str = "kp.traces.dead-letter"
     group_id: str = "kp-scorer"
-    output_partitions: PositiveInt | None = None
-    input_partitions: PositiveInt = 4
-    replication_factor: PositiveInt = 1
-    max_in_flight_records: PositiveInt = 16
+    # Apache Kafka refuses over 10,000 partitions in one CreateTopics request, and more copies
+    # of a record than its brokers (3 is usual: over 16 is a typo, not a cluster).
+    output_partitions: int | None = Field(default=None, gt=0, le=10_000)
+    input_partitions: int = Field(default=4, gt=0, le=10_000)
+    replication_factor: int = Field(default=1, gt=0, le=16)
+    # Each holds its input and output (3 MiB at most by default); far fewer keep the runs busy.
+    max_in_flight_records: int = Field(default=16, gt=0, le=10_000)
     fetch_max_wait_ms: int = Field(default=20, ge=0, le=10_000)
     fetch_buffer_records: int = Field(default=64, ge=8, le=100_000)
     # 6 s to 30 min, Apache Kafka's default group.min/max.session.timeout.ms: a broker refuses
@@ -150,7 +153,8 @@ class Settings(BaseSettings):
     model_sha256: str | None = None
     tokenizer_path: Path = DEFAULT_TOKENIZER_PATH
     embedder_required: bool = False
-    embed_concurrency: PositiveInt | None = None
+    # More runs than cores only wait, each with its own buffers: hosts have far under 1,024.
+    embed_concurrency: int | None = Field(default=None, gt=0, le=1024)
     embed_threads: PositiveInt = 1
     embed_batch_size: PositiveInt = 1
     # At most 512, the model's position embeddings (the reference reads 512): the start-up

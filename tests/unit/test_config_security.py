@@ -187,6 +187,13 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
         {"KP_MAX_BATCH_BYTES": "1099511627776"},
         "KP_MAX_BATCH_BYTES",
     ),
+    # Each valid before it was bounded: a million model threads, a topic of ten million
+    # partitions (a broker refuses over 10,000 a request), 40,000 copies of each record.
+    "embed_concurrency_huge": ({"KP_EMBED_CONCURRENCY": "1000000"}, "KP_EMBED_CONCURRENCY"),
+    "in_flight_huge": ({"KP_MAX_IN_FLIGHT_RECORDS": "1000000000"}, "KP_MAX_IN_FLIGHT_RECORDS"),
+    "input_partitions_huge": ({"KP_INPUT_PARTITIONS": "10000000"}, "KP_INPUT_PARTITIONS"),
+    "output_partitions_huge": ({"KP_OUTPUT_PARTITIONS": "10001"}, "KP_OUTPUT_PARTITIONS"),
+    "replication_factor_huge": ({"KP_REPLICATION_FACTOR": "40000"}, "KP_REPLICATION_FACTOR"),
     "embedder_required_not_bool": ({"KP_EMBEDDER_REQUIRED": "maybe"}, "KP_EMBEDDER_REQUIRED"),
     "model_path_missing": ({"KP_MODEL_PATH": "/nonexistent/model.onnx"}, "KP_MODEL_PATH"),
     # Each loaded only with the model before: the worker scored on with novelty 0.5.
@@ -355,6 +362,13 @@ _LARGEST_BYTES = {
         {"KP_SESSION_TIMEOUT_SECONDS": "1800"},
         {"KP_SESSION_TIMEOUT_SECONDS": "6"},
         _LARGEST_BYTES,
+        {
+            "KP_EMBED_CONCURRENCY": "1024",
+            "KP_MAX_IN_FLIGHT_RECORDS": "10000",
+            "KP_INPUT_PARTITIONS": "10000",
+            "KP_OUTPUT_PARTITIONS": "10000",
+            "KP_REPLICATION_FACTOR": "16",
+        },
     ],
     ids=lambda environ: ",".join(environ),
 )
