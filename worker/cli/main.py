@@ -23,7 +23,14 @@ from rich.text import Text
 from worker import __version__
 from worker.cli import stdio
 from worker.logs import configure_logging, error_line
-from worker.settings import Settings, SettingsError, load_settings, unknown_variables
+from worker.settings import (
+    RepeatedKeyError,
+    Settings,
+    SettingsError,
+    load_settings,
+    unique_keys,
+    unknown_variables,
+)
 
 if TYPE_CHECKING:
     from worker.io.kafka import PartitionLogReader
@@ -195,6 +202,18 @@ def _domain_threshold(value: str) -> tuple[str, float]:
     return domain, threshold
 
 
+def _distinct_domains(
+    ctx: click.Context, param: click.Parameter, value: tuple[tuple[str, float], ...]
+) -> tuple[tuple[str, float], ...]:
+    """Refuse a domain given twice, as KP_DOMAIN_THRESHOLDS refuses a key given twice: which
+    threshold was meant is unknown (the last one silently won)."""
+    try:
+        unique_keys(list(value))
+    except RepeatedKeyError as exc:
+        raise click.BadParameter(f"domain {exc.key!r} given twice") from None
+    return value
+
+
 FILE_PATH = click.Path(path_type=Path)
 
 
@@ -318,6 +337,7 @@ domain_threshold_option = click.option(
     type=_domain_threshold,
     metavar="DOMAIN=T",
     multiple=True,
+    callback=_distinct_domains,
     help="accept threshold for one task_domain (repeatable; adds to KP_DOMAIN_THRESHOLDS)",
 )
 quiet_option = click.option("--quiet", is_flag=True, help="no progress bar")

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +119,17 @@ def test_partitions_naming_none_is_a_bad_flag(
     assert exited.value.code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"Invalid value for '--partitions': expected partitions like 0,1,2: {given!r}" in err
+
+
+@pytest.mark.parametrize("command", ["rescore", "report"])
+def test_a_domain_threshold_given_twice_is_a_bad_flag(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--domain-threshold code=0.2 --domain-threshold code=0.9` scored with 0.9, where
+    KP_DOMAIN_THRESHOLDS refuses a key given twice: which threshold was meant is unknown."""
+    flags = ["--domain-threshold", "code=0.2", "--domain-threshold", "x=0.5"]
+    with pytest.raises(SystemExit) as exited:
+        main([command, str(tmp_path / "absent.jsonl"), *flags, "--domain-threshold", "code=0.9"])
+    assert exited.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Invalid value for '--domain-threshold': domain 'code' given twice" in err
