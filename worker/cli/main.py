@@ -164,12 +164,13 @@ def _iso(value: str) -> datetime:
 
 def _partition_list(value: str) -> list[int]:
     """The partitions named, each once (one named twice would be read, and counted, twice);
-    none named (``--partitions ,``) is refused, where it would read them all."""
+    none named (``--partitions ,``) is refused, where it would read them all, and a negative
+    one before the broker is asked."""
     try:
         partitions = list(dict.fromkeys(int(p) for p in value.split(",") if p.strip()))
     except ValueError:
         partitions = []
-    if not partitions:
+    if not partitions or min(partitions) < 0:
         raise click.BadParameter(f"expected partitions like 0,1,2: {value!r}")
     return partitions
 

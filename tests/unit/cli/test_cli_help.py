@@ -133,3 +133,20 @@ def test_a_domain_threshold_given_twice_is_a_bad_flag(
     assert exited.value.code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "Invalid value for '--domain-threshold': domain 'code' given twice" in err
+
+
+@pytest.mark.parametrize("command", ["replay", "rescore", "report"])
+@pytest.mark.parametrize("given", ["-1", "0,-2", " -0 , -3"])
+def test_a_negative_partition_is_a_bad_flag_before_the_broker_is_asked(
+    command: str, given: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`replay --partitions -1` connected to the broker and only then found no partition -1
+    (with no broker: exit 1, "Kafka unreachable")."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")  # nothing answers
+    args = [command, "--topic" if command == "replay" else "--from-topics"]
+    args += ["t", "--output-prefix", "p"] if command == "replay" else []
+    with pytest.raises(SystemExit) as exited:
+        main([*args, "--partitions", given])
+    assert exited.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"Invalid value for '--partitions': expected partitions like 0,1,2: {given!r}" in err
