@@ -10,7 +10,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
@@ -22,6 +22,7 @@ from rich.text import Text
 
 from worker import __version__
 from worker.cli import stdio
+from worker.cli.range_values import iso_time, partition_list
 from worker.logs import configure_logging, error_line
 from worker.settings import (
     RepeatedKeyError,
@@ -154,27 +155,6 @@ def name_of(file: str | None) -> str:
 # --- flag values (a bad one is a usage error naming the flag) ------------------------------
 
 
-def _iso(value: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(f"not an ISO-8601 time: {value!r}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-def _partition_list(value: str) -> list[int]:
-    """The partitions named, each once (one named twice would be read, and counted, twice);
-    none named (``--partitions ,``) is refused, where it would read them all, and a negative
-    one before the broker is asked."""
-    try:
-        partitions = list(dict.fromkeys(int(p) for p in value.split(",") if p.strip()))
-    except ValueError:
-        partitions = []
-    if not partitions or min(partitions) < 0:
-        raise click.BadParameter(f"expected partitions like 0,1,2: {value!r}")
-    return partitions
-
-
 # What Apache Kafka allows in a topic name (some brokers accept more; a cluster refuses it).
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _LONGEST_SUFFIX = ".dead-letter"
@@ -248,16 +228,16 @@ def range_options(what: str) -> Callable[[F], F]:
     records: the traces replay reads, or the outputs rescore and report read)."""
     bounds = [
         ("--from-offset", int, "--from-time", "first offset (default: the beginning)"),
-        ("--from-time", _iso, "--from-offset", f"first {what} at or after this ISO time"),
+        ("--from-time", iso_time, "--from-offset", f"first {what} at or after this ISO time"),
         ("--to-offset", int, "--to-time", "stop before this offset"),
-        ("--to-time", _iso, "--to-offset", f"stop at the first {what} at or after this"),
+        ("--to-time", iso_time, "--to-offset", f"stop at the first {what} at or after this"),
     ]
     return options(
         *(
             click.option(
                 flag,
                 type=kind,
-                metavar="TIME" if kind is _iso else "OFFSET",
+                metavar="TIME" if kind is iso_time else "OFFSET",
                 callback=_exclusive_with(other),
                 help=text,
             )
@@ -265,7 +245,7 @@ def range_options(what: str) -> Callable[[F], F]:
         ),
         click.option(
             "--partitions",
-            type=_partition_list,
+            type=partition_list,
             metavar="LIST",
             help="e.g. 0,2 (default: all)",
         ),

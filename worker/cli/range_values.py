@@ -1,0 +1,30 @@
+"""The values the range flags of `replay`, `rescore` and `report` take (times, partitions),
+each checked as the flags are read: a bad one is a usage error naming the flag, said before
+a broker is asked."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import click
+
+
+def iso_time(value: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"not an ISO-8601 time: {value!r}") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def partition_list(value: str) -> list[int]:
+    """The partitions named, each once (one named twice would be read, and counted, twice);
+    none named (``--partitions ,``) is refused, where it would read them all, and a negative
+    one before the broker is asked."""
+    try:
+        partitions = list(dict.fromkeys(int(p) for p in value.split(",") if p.strip()))
+    except ValueError:
+        partitions = []
+    if not partitions or min(partitions) < 0:
+        raise click.BadParameter(f"expected partitions like 0,1,2: {value!r}")
+    return partitions
