@@ -22,7 +22,7 @@ from rich.text import Text
 
 from worker import __version__
 from worker.cli import stdio
-from worker.cli.range_values import iso_time, partition_list
+from worker.cli.range_values import iso_time, offset, partition_list
 from worker.logs import configure_logging, error_line
 from worker.settings import (
     RepeatedKeyError,
@@ -227,9 +227,9 @@ def range_options(what: str) -> Callable[[F], F]:
     """The offsets or times, and partitions, of the topics a command reads (``what`` names its
     records: the traces replay reads, or the outputs rescore and report read)."""
     bounds = [
-        ("--from-offset", int, "--from-time", "first offset (default: the beginning)"),
+        ("--from-offset", offset, "--from-time", "first offset (default: the beginning)"),
         ("--from-time", iso_time, "--from-offset", f"first {what} at or after this ISO time"),
-        ("--to-offset", int, "--to-time", "stop before this offset"),
+        ("--to-offset", offset, "--to-time", "stop before this offset"),
         ("--to-time", iso_time, "--to-offset", f"stop at the first {what} at or after this"),
     ]
     return options(

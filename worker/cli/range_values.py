@@ -1,6 +1,6 @@
-"""The values the range flags of `replay`, `rescore` and `report` take (times, partitions),
-each checked as the flags are read: a bad one is a usage error naming the flag, said before
-a broker is asked."""
+"""The values the range flags of `replay`, `rescore` and `report` take (offsets, times,
+partitions), each checked as the flags are read: a bad one is a usage error naming the flag,
+said before a broker is asked."""
 
 from __future__ import annotations
 
@@ -15,6 +15,20 @@ def iso_time(value: str) -> datetime:
     except ValueError:
         raise click.BadParameter(f"not an ISO-8601 time: {value!r}") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _whole_number(value: str) -> int | None:
+    """0, 1, 2, ... in plain digits, else None: int() also reads "1_0" as 10, "+1" as 1 and
+    "-1" (a negative start read the log from its beginning, a negative end read nothing)."""
+    value = value.strip()
+    return int(value) if value.isascii() and value.isdigit() else None
+
+
+def offset(value: str) -> int:
+    found = _whole_number(value)
+    if found is None:
+        raise click.BadParameter(f"expected an offset like 0 or 1000: {value!r}")
+    return found
 
 
 def partition_list(value: str) -> list[int]:

@@ -150,3 +150,34 @@ def test_a_negative_partition_is_a_bad_flag_before_the_broker_is_asked(
     assert exited.value.code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"Invalid value for '--partitions': expected partitions like 0,1,2: {given!r}" in err
+
+
+@pytest.mark.parametrize("command", ["replay", "rescore", "report"])
+@pytest.mark.parametrize(
+    ("flag", "given"), [("--from-offset", "-1"), ("--to-offset", "-5"), ("--from-offset", "1_0")]
+)
+def test_an_offset_not_in_plain_digits_is_a_bad_flag_before_the_broker_is_asked(
+    command: str,
+    flag: str,
+    given: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`replay --from-offset -1` read the whole topic, as from its beginning, and
+    `--to-offset -5` read nothing, both with exit 0; `1_0` was read as offset 10."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")  # nothing answers
+    args = [command, "--topic" if command == "replay" else "--from-topics"]
+    args += ["t", "--output-prefix", "p"] if command == "replay" else []
+    with pytest.raises(SystemExit) as exited:
+        main([*args, flag, given])
+    assert exited.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"Invalid value for '{flag}': expected an offset like 0 or 1000: {given!r}" in err
+
+
+@pytest.mark.parametrize("given", ["0", "1000", " 7 "])
+def test_an_offset_in_plain_digits_is_read(given: str) -> None:
+    found = kp_scorer.get_command(None, "report")  # type: ignore[arg-type]
+    assert found is not None
+    with found.make_context("report", ["--from-topics", "--from-offset", given]) as ctx:
+        assert ctx.params["from_offset"] == int(given)
