@@ -213,11 +213,16 @@ def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
 
 
 def _exclusive_with(other: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
-    """A callback that refuses its flag next to ``other`` (one start, one end of a range)."""
+    """A callback that refuses its flag next to ``other`` (one start, one end of a range), and
+    an offset range with no offset in it (it read nothing, and replay made its topics)."""
 
     def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is not None and ctx.params.get(other[2:].replace("-", "_")) is not None:
             raise click.UsageError(f"{param.opts[0]} is not allowed with {other}", ctx)
+        given = {**ctx.params, str(param.name): value}  # the flags read so far, and this one
+        start, end = given.get("from_offset"), given.get("to_offset")
+        if start is not None and end is not None and end <= start:
+            raise click.UsageError(f"--to-offset {end} is not after --from-offset {start}", ctx)
         return value
 
     return check

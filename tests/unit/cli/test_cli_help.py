@@ -181,3 +181,39 @@ def test_an_offset_in_plain_digits_is_read(given: str) -> None:
     assert found is not None
     with found.make_context("report", ["--from-topics", "--from-offset", given]) as ctx:
         assert ctx.params["from_offset"] == int(given)
+
+
+@pytest.mark.parametrize("command", ["replay", "rescore", "report"])
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--from-offset", "2", "--to-offset", "1"],
+        ["--to-offset", "1", "--from-offset", "2"],
+        ["--from-offset", "5", "--to-offset", "5"],
+    ],
+)
+def test_an_offset_range_with_no_offset_in_it_is_a_usage_error(
+    command: str,
+    given: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`replay --from-offset 2 --to-offset 1` read nothing and said "replayed 0 records" with
+    exit 0, after making its output topics."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")  # nothing answers
+    args = [command, "--topic" if command == "replay" else "--from-topics"]
+    args += ["t", "--output-prefix", "p"] if command == "replay" else []
+    with pytest.raises(SystemExit) as exited:
+        main([*args, *given])
+    assert exited.value.code == 2
+    start, end = given[given.index("--from-offset") + 1], given[given.index("--to-offset") + 1]
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--to-offset {end} is not after --from-offset {start}" in err
+
+
+def test_an_offset_range_of_one_offset_is_read() -> None:
+    found = kp_scorer.get_command(None, "report")  # type: ignore[arg-type]
+    assert found is not None
+    args = ["--from-topics", "--to-offset", "4", "--from-offset", "3"]
+    with found.make_context("report", args) as ctx:
+        assert (ctx.params["from_offset"], ctx.params["to_offset"]) == (3, 4)
