@@ -33,12 +33,10 @@ def offset(value: str) -> int:
 
 def partition_list(value: str) -> list[int]:
     """The partitions named, each once (one named twice would be read, and counted, twice);
-    none named (``--partitions ,``) is refused, where it would read them all, and a negative
-    one before the broker is asked."""
-    try:
-        partitions = list(dict.fromkeys(int(p) for p in value.split(",") if p.strip()))
-    except ValueError:
-        partitions = []
-    if not partitions or min(partitions) < 0:
+    none named (``--partitions ,``) is refused, where it would read them all, and one not in
+    plain digits ("-1", "1_0") before the broker is asked."""
+    named = [_whole_number(p) for p in value.split(",") if p.strip()]
+    partitions = [p for p in dict.fromkeys(named) if p is not None]
+    if not partitions or None in named:
         raise click.BadParameter(f"expected partitions like 0,1,2: {value!r}")
     return partitions

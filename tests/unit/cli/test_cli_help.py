@@ -136,12 +136,13 @@ def test_a_domain_threshold_given_twice_is_a_bad_flag(
 
 
 @pytest.mark.parametrize("command", ["replay", "rescore", "report"])
-@pytest.mark.parametrize("given", ["-1", "0,-2", " -0 , -3"])
-def test_a_negative_partition_is_a_bad_flag_before_the_broker_is_asked(
+@pytest.mark.parametrize("given", ["-1", "0,-2", " -0 , -3", "1_0", " +1", "0,٣", "²"])
+def test_a_partition_not_in_plain_digits_is_a_bad_flag_before_the_broker_is_asked(
     command: str, given: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`replay --partitions -1` connected to the broker and only then found no partition -1
-    (with no broker: exit 1, "Kafka unreachable")."""
+    (with no broker: exit 1, "Kafka unreachable"); `1_0` was read as partition 10, ` +1` as
+    1 and `٣` (an Arabic-Indic three) as 3."""
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")  # nothing answers
     args = [command, "--topic" if command == "replay" else "--from-topics"]
     args += ["t", "--output-prefix", "p"] if command == "replay" else []
