@@ -194,6 +194,11 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     "input_partitions_huge": ({"KP_INPUT_PARTITIONS": "10000000"}, "KP_INPUT_PARTITIONS"),
     "output_partitions_huge": ({"KP_OUTPUT_PARTITIONS": "10001"}, "KP_OUTPUT_PARTITIONS"),
     "replication_factor_huge": ({"KP_REPLICATION_FACTOR": "40000"}, "KP_REPLICATION_FACTOR"),
+    # Also valid before: 100,000 intra-op threads a run (`score` crashed at start-up in 8 GB of
+    # memory), runs of ten million texts, more JSON containers a record than 100 MB of objects.
+    "embed_threads_huge": ({"KP_EMBED_THREADS": "100000"}, "KP_EMBED_THREADS"),
+    "embed_batch_size_huge": ({"KP_EMBED_BATCH_SIZE": "10000000"}, "KP_EMBED_BATCH_SIZE"),
+    "json_containers_huge": ({"KP_MAX_JSON_CONTAINERS": "1048577"}, "KP_MAX_JSON_CONTAINERS"),
     "embedder_required_not_bool": ({"KP_EMBEDDER_REQUIRED": "maybe"}, "KP_EMBEDDER_REQUIRED"),
     "model_path_missing": ({"KP_MODEL_PATH": "/nonexistent/model.onnx"}, "KP_MODEL_PATH"),
     # Each loaded only with the model before: the worker scored on with novelty 0.5.
@@ -369,6 +374,8 @@ _LARGEST_BYTES = {
             "KP_OUTPUT_PARTITIONS": "10000",
             "KP_REPLICATION_FACTOR": "16",
         },
+        {"KP_EMBED_THREADS": "1024", "KP_EMBED_BATCH_SIZE": "1024"},
+        {"KP_MAX_JSON_CONTAINERS": "1048576"},
     ],
     ids=lambda environ: ",".join(environ),
 )
