@@ -16,11 +16,12 @@ import gzip
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from email.utils import formatdate
 from http import HTTPStatus
 
 import orjson
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from worker.stream.health import Verdict, WorkerHealth
@@ -77,7 +78,7 @@ def respond(
         body = orjson.dumps(verdict.to_json()) + b"\n"
         return (200 if verdict.ok else 503), [("Content-Type", "application/json")], body
     if path in ("/metrics", "/"):
-        encoder, content_type = choose_encoder(headers.get("accept", ""))
+        encoder, content_type = _encoder(headers.get("accept", ""))
         body = encoder(REGISTRY)
         extra = [("Content-Type", content_type)]
         if "gzip" in headers.get("accept-encoding", ""):
@@ -85,6 +86,16 @@ def respond(
             extra.append(("Content-Encoding", "gzip"))
         return 200, extra, body
     return 404, [("Content-Type", "text/plain")], NOT_FOUND
+
+
+def _encoder(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """prometheus-client's content negotiation. It raises on an OpenMetrics ``version`` it
+    cannot compare (quoted, as HTTP allows: ``version="1.0.0"``, or ``1.0.0-rc1``): such a
+    scrape gets the text format, as one without an Accept header does, not a 500."""
+    try:
+        return choose_encoder(accept)
+    except (TypeError, ValueError):
+        return choose_encoder("")
 
 
 def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]] | None:
