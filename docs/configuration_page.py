@@ -84,9 +84,12 @@ MEANINGS: dict[str, str] = {
     ),
     "sasl_username": "SASL user name",
     "sasl_password": "SASL password (masked by `kp-scorer settings`)",
-    "ssl_cafile": "TLS: CA certificates file",
-    "ssl_certfile": "TLS: client certificate file",
-    "ssl_keyfile": "TLS: client key file",
+    "ssl_cafile": "TLS: CA certificates file (PEM)",
+    "ssl_certfile": "TLS: client certificate file (PEM), followed by its key when "
+    "`KP_SSL_KEYFILE` is unset",
+    "ssl_keyfile": "TLS: client key file (PEM, unencrypted: there is no passphrase setting); "
+    "each TLS file is loaded before a command starts, and one that cannot be stops it with "
+    "a message naming its variable",
     "input_framing": (
         "how input values are framed: `auto` unwraps a Confluent Schema Registry frame (magic "
         "byte 0, 4-byte schema id) where a value has one, `json` reads every value as plain JSON,"

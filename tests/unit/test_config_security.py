@@ -128,6 +128,16 @@ BAD_SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     "security_protocol_unknown": ({"KP_SECURITY_PROTOCOL": "TLS"}, "KP_SECURITY_PROTOCOL"),
     "sasl_mechanism_unknown": ({"KP_SASL_MECHANISM": "GSSAPI"}, "KP_SASL_MECHANISM"),
     "ssl_cafile_missing": ({"KP_SSL_CAFILE": "/nonexistent/ca.pem"}, "KP_SSL_CAFILE"),
+    # Loaded only by the first Kafka client before: "SSLError: [SSL] PEM lib", exit 1.
+    "ssl_cafile_not_certificates": (
+        {"KP_SECURITY_PROTOCOL": "SSL", "KP_SSL_CAFILE": "@not_json"},
+        "KP_SSL_CAFILE",
+    ),
+    "ssl_certfile_not_a_certificate": (
+        {"KP_SECURITY_PROTOCOL": "SASL_SSL", "KP_SSL_CERTFILE": "@not_json"}
+        | {"KP_SASL_MECHANISM": "PLAIN", "KP_SASL_USERNAME": "a", "KP_SASL_PASSWORD": "p"},
+        "KP_SSL_CERTFILE",
+    ),
     "input_equals_accepted": (
         {"KP_INPUT_TOPIC": "same", "KP_ACCEPTED_TOPIC": "same"},
         "KP_INPUT_TOPIC",
@@ -485,6 +495,32 @@ def test_ssl_with_client_certificate(client_cert: tuple[Path, Path]) -> None:
 
     credentials = create_app(settings).conf.broker_credentials
     assert credentials_to_aiokafka_auth(credentials)["security_protocol"] == "SSL"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_encrypted_client_key_is_one_clear_startup_error(
+    client_cert: tuple[Path, Path], tmp_path: Path, command: str
+) -> None:
+    """There is no setting for a key's passphrase: OpenSSL asked for it on the terminal once
+    per Kafka client, and with none the worker ended on "OSError: [Errno 22] Invalid argument"."""
+    cert, key = client_cert
+    encrypted = tmp_path / "encrypted.key"
+    subprocess.run(
+        ["openssl", "pkey", "-in", str(key), "-aes256", "-passout", "pass:secret",
+         "-out", str(encrypted)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    result = run_cli(
+        command,
+        KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:9",
+        KP_SECURITY_PROTOCOL="SSL",
+        KP_SSL_CERTFILE=str(cert),
+        KP_SSL_KEYFILE=str(encrypted),
+    )
+    assert "pass phrase" not in result.stdout + result.stderr, result.stderr
+    _assert_one_clear_error(result.returncode, result.stdout, result.stderr, "KP_SSL_KEYFILE")
+    assert "encrypted" in result.stderr, result.stderr
 
 
 @pytest.mark.skipif(CA_FILE is None, reason="no CA bundle on this machine")

@@ -71,6 +71,7 @@ def checked_settings(
     ``quieter``: the default level INFO logs at WARNING (a command that reads a backlog)."""
     from worker.cli.model import int8_batch_problem
     from worker.core.scoring import ProfileError, load_profiles
+    from worker.io.tls import tls_problem
 
     overrides: dict[str, Any] = {}
     flags: dict[str, str] = {}
@@ -84,7 +85,7 @@ def checked_settings(
         settings = load_settings(flags, **overrides)
     except SettingsError as exc:
         fail(str(exc))
-    problem = int8_batch_problem(settings)
+    problem = int8_batch_problem(settings) or tls_problem(settings)
     if problem is not None:
         fail(f"invalid configuration:\n  {problem}")
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from worker.core.records import SourceRecord
 from worker.io import unreadable
+from worker.io.tls import TLS_PROTOCOLS, tls_context
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -73,16 +73,8 @@ def client_config(settings: Settings) -> dict[str, Any]:
         "bootstrap_servers": settings.kafka_bootstrap_servers,
         "security_protocol": settings.security_protocol,
     }
-    if settings.security_protocol in ("SSL", "SASL_SSL"):
-        context = ssl.create_default_context(
-            cafile=str(settings.ssl_cafile) if settings.ssl_cafile else None
-        )
-        if settings.ssl_certfile:
-            context.load_cert_chain(
-                str(settings.ssl_certfile),
-                str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
-            )
-        config["ssl_context"] = context
+    if settings.security_protocol in TLS_PROTOCOLS:
+        config["ssl_context"] = tls_context(settings)
     if settings.security_protocol.startswith("SASL"):
         assert settings.sasl_password is not None
         config["sasl_mechanism"] = settings.sasl_mechanism
