@@ -1,11 +1,13 @@
 """A clean stop of a real worker, as an operator reads it: a few lines of ours, not faust's
-narration of every service it stops, each stamped in UTC with milliseconds."""
+narration of every service it stops, each stamped in UTC with milliseconds; and a start that
+failed does not end on the clean stop's line."""
 
 from __future__ import annotations
 
 import re
 import signal
 import uuid
+from pathlib import Path
 
 from worker.dev.process import WorkerProcess
 
@@ -39,3 +41,24 @@ def test_a_clean_stop_is_a_few_lines_of_ours(kafka_bootstrap: str) -> None:
         e for e in worker.events() if str(e["event"]).endswith(("Starting...", "Stopping..."))
     ]
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", str(e["ts"])) for e in stop)
+
+
+def test_a_failed_start_does_not_log_a_clean_stop(kafka_bootstrap: str) -> None:
+    """A model the worker is told it needs cannot be loaded: the start fails and the process
+    exits 1, and its last line must not say ``stopped; every published record is committed``
+    with ``exit_code`` 0 (it did, after the error)."""
+    env, _ = worker_topics(f"failed-start-{uuid.uuid4().hex[:8]}", partitions=1)
+    not_a_model = Path(__file__).resolve().parents[2] / "NOTICE"
+    worker = WorkerProcess(
+        kafka_bootstrap, KP_EMBEDDER_REQUIRED="true", KP_MODEL_PATH=str(not_a_model), **env
+    ).start()
+    try:
+        assert worker.process is not None
+        code = worker.process.wait(120)
+    finally:
+        worker.stop()
+    events = worker.events()
+    assert code == 1, worker.tail()
+    assert any("cannot be loaded" in str(e["event"]) for e in events), worker.tail()
+    clean = [e for e in events if e["event"] == "stopped; every published record is committed"]
+    assert not clean, worker.tail()

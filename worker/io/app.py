@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import logging
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -97,9 +98,14 @@ class ScorerWorker(faust.Worker):
         super()._schedule_shutdown(signal)
 
     def stop_and_shutdown(self) -> None:
+        # faust calls this from a `finally`: an exception in flight is a start that failed
+        # (logged as "Error: ..."; the process exits 1), which is no clean stop.
+        start_failed = sys.exc_info()[1] is not None
         super().stop_and_shutdown()
         if self.app.left_uncommitted:  # type: ignore[attr-defined]
             raise SystemExit(EXIT_DEADLINE)
+        if start_failed:
+            return
         # The last line of a clean stop: nothing is left for the next worker to redo.
         log.info("stopped; every published record is committed", extra={"exit_code": 0})
 
