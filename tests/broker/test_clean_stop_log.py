@@ -1,16 +1,20 @@
 """A clean stop of a real worker, as an operator reads it: a few lines of ours, not faust's
-narration of every service it stops, each stamped in UTC with milliseconds; and a start that
-failed does not end on the clean stop's line."""
+narration of every service it stops, each stamped in UTC with milliseconds; a start that
+failed does not end on the clean stop's line; and the signals faust's worker kept for
+debugging write no plain text and no record."""
 
 from __future__ import annotations
 
 import re
 import signal
+import time
 import uuid
 from pathlib import Path
 
 from worker.dev.process import WorkerProcess
 
+from support.kafka_helpers import consume_all, create_topics, produce
+from support.traces import trace_bytes
 from support.workers import worker_topics
 
 # Our own lines of a clean stop: "shutting down" and "stopped; ...". Room for one more (a
@@ -62,3 +66,38 @@ def test_a_failed_start_does_not_log_a_clean_stop(kafka_bootstrap: str) -> None:
     assert any("cannot be loaded" in str(e["event"]) for e in events), worker.tail()
     clean = [e for e in events if e["event"] == "stopped; every published record is committed"]
     assert not clean, worker.tail()
+
+
+def test_sigusr1_and_sigusr2_write_no_record_and_no_plain_text(kafka_bootstrap: str) -> None:
+    """faust's worker answered SIGUSR1 (which log rotation tools send) with every thread's
+    and task's local variables in plain text on stderr, records' values and keys among them,
+    and SIGUSR2 with a debugger on the event loop. Both are now one warning line each, and
+    the worker scores on."""
+    marker = f"MARKER{uuid.uuid4().hex}"
+    env, outputs = worker_topics(f"usr-{uuid.uuid4().hex[:8]}", partitions=1)
+    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=1)
+    records = [
+        (marker, trace_bytes(objective=f"{marker} {i} " + "word " * 120), 0, None)
+        for i in range(300)
+    ]
+    with WorkerProcess(kafka_bootstrap, KP_EMBED_CONCURRENCY="1", **env) as worker:
+        worker.wait_ready(timeout=120)
+        produce(kafka_bootstrap, env["KP_INPUT_TOPIC"], records)
+        deadline = time.monotonic() + 60
+        while not any(consume_all(kafka_bootstrap, t, 0, extra_wait=0.2) for t in outputs):
+            assert time.monotonic() < deadline, worker.tail()
+        for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGUSR1):
+            worker.signal(signum)  # while records are in flight
+            time.sleep(0.5)
+        time.sleep(1)
+        lines = worker.log_text().splitlines()
+        leaked = [line for line in lines if marker in line]
+        assert not leaked, f"{len(leaked)} lines with a record's contents: {leaked[0][:300]}"
+        assert len(worker.events()) == len(lines), [x for x in lines if not x.startswith("{")][:5]
+        assert worker.alive(), worker.tail()
+        assert worker.process is not None
+        worker.signal(signal.SIGTERM)
+        code = worker.process.wait(60)
+    assert code == 0, worker.tail()
+    ignored = [e["signal"] for e in worker.events() if e["event"] == "signal ignored"]
+    assert ignored == ["SIGUSR1", "SIGUSR2", "SIGUSR1"], ignored

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import itertools
 import logging
+import signal
 import socket
 import sys
 import tempfile
@@ -88,6 +89,17 @@ class ScorerWorker(faust.Worker):
         # to animate itself on every record).
         self.spinner = None
 
+    def install_signal_handlers(self) -> None:
+        super().install_signal_handlers()
+        if sys.platform == "win32":
+            return
+        # mode answers SIGUSR1 by printing every thread's and task's local variables (records'
+        # values and keys among them) as plain text on stderr, and SIGUSR2 by starting a
+        # debugger on the event loop: neither belongs in a worker whose log is JSON lines that
+        # never hold a record.
+        for signum in (signal.SIGUSR1, signal.SIGUSR2):
+            self.loop.add_signal_handler(signum, _signal_ignored, signum)
+
     def _schedule_shutdown(self, signal: Any) -> None:
         deadline: ShutdownDeadline = self.app.shutdown_deadline  # type: ignore[attr-defined]
         if deadline.started:
@@ -108,6 +120,10 @@ class ScorerWorker(faust.Worker):
             return
         # The last line of a clean stop: nothing is left for the next worker to redo.
         log.info("stopped; every published record is committed", extra={"exit_code": 0})
+
+
+def _signal_ignored(signum: signal.Signals) -> None:
+    log.warning("signal ignored", extra={"signal": signum.name})
 
 
 class ScorerApp(faust.App):
