@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 import time
 from collections.abc import Coroutine
@@ -30,10 +31,14 @@ PRODUCE = 0  # Kafka API key of a produce request
 
 
 class TcpProxy:
-    """Forwards ``127.0.0.1:port`` to ``127.0.0.1:target_port``."""
+    """Forwards ``127.0.0.1:port`` to ``127.0.0.1:target_port``; with ``tls`` (a server
+    context), clients connect with TLS and the proxy forwards the plain bytes."""
 
-    def __init__(self, target_port: int, port: int | None = None) -> None:
+    def __init__(
+        self, target_port: int, port: int | None = None, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.target_port = target_port
+        self.tls = tls
         self.port = port if port is not None else free_loopback_port()
         self.accepted = 0
         self.refused_since: float | None = None
@@ -104,7 +109,7 @@ class TcpProxy:
         while True:
             try:
                 self._server = await asyncio.start_server(
-                    self._handle, LOOPBACK, self.port, reuse_address=True
+                    self._handle, LOOPBACK, self.port, reuse_address=True, ssl=self.tls
                 )
                 break
             except OSError:

@@ -21,12 +21,15 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from worker.io.kafka import client_config
 from worker.settings import SettingsError, by_variable, load_settings
+
+from support.tls import handshake, make_broker_certificates
 
 PASSWORD = "pw-" + uuid.uuid4().hex
 COMMAND_TIMEOUT_SECONDS = 60
@@ -521,6 +524,36 @@ def test_an_encrypted_client_key_is_one_clear_startup_error(
     assert "pass phrase" not in result.stdout + result.stderr, result.stderr
     _assert_one_clear_error(result.returncode, result.stdout, result.stderr, "KP_SSL_KEYFILE")
     assert "encrypted" in result.stderr, result.stderr
+
+
+@pytest.mark.skipif(CA_FILE is None, reason="no CA bundle on this machine")
+@pytest.mark.parametrize("defaults", ["this Python's", "Python 3.13's"])
+def test_a_ca_that_kafka_clients_accept_verifies_on_every_python(
+    defaults: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same KP_SSL_CAFILE connects on Python 3.11, 3.12 and 3.13. Python 3.13's default
+    context refuses a CA whose basic constraints are not marked critical, which Kafka's own
+    clients and Python 3.11 accept; "Python 3.13's" gives any Python that default. The broker
+    is still verified: a CA that did not sign its certificate is refused."""
+    certificates = make_broker_certificates(tmp_path)
+    if defaults == "Python 3.13's":
+        default_context = ssl.create_default_context
+
+        def strict_context(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+            context = default_context(*args, **kwargs)
+            context.verify_flags |= ssl.VERIFY_X509_STRICT
+            return context
+
+        monkeypatch.setattr(ssl, "create_default_context", strict_context)
+
+    def context(cafile: Path) -> ssl.SSLContext:
+        settings = load_settings(security_protocol="SSL", ssl_cafile=cafile)
+        made: ssl.SSLContext = client_config(settings)["ssl_context"]
+        return made
+
+    handshake(context(certificates.ca), certificates.server_context())
+    with pytest.raises(ssl.SSLCertVerificationError):
+        handshake(context(CA_FILE), certificates.server_context())
 
 
 @pytest.mark.skipif(CA_FILE is None, reason="no CA bundle on this machine")

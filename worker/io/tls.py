@@ -31,6 +31,11 @@ def tls_context(settings: Settings) -> ssl.SSLContext:
         raise TLSFileError(
             f"KP_SSL_CAFILE: not a readable PEM file of CA certificates: {error_line(exc)}"
         ) from None
+    # Python 3.13's default adds VERIFY_X509_STRICT, which refuses certificates that Kafka's
+    # own clients and Python 3.11 accept (a CA whose basic constraints are not marked
+    # critical, as keytool writes them): the same CA file must connect on every supported
+    # Python. The chain and the host name are verified as before.
+    context.verify_flags &= ~ssl.VERIFY_X509_STRICT
     if settings.ssl_certfile:
         keyfile = settings.ssl_keyfile
         key_variable = "KP_SSL_KEYFILE" if keyfile else "KP_SSL_CERTFILE"
