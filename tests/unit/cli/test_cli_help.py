@@ -106,19 +106,21 @@ def test_a_partition_named_twice_is_read_once(command: str) -> None:
         assert ctx.params["partitions"] == [1, 0]
 
 
-@pytest.mark.parametrize("command", ["replay", "rescore", "report"])
-@pytest.mark.parametrize("given", [",", "", " , "])
-def test_partitions_naming_none_is_a_bad_flag(
-    command: str, given: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`--partitions ,` read every partition, as if the flag were not given."""
+def range_usage_error(
+    command: str,
+    flags: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> str:
+    """``command`` reading topic t with the range ``flags``, no broker answering: it must stop
+    with a usage error (exit 2) before asking one; its message, on one line."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")  # nothing answers
     args = [command, "--topic" if command == "replay" else "--from-topics"]
     args += ["t", "--output-prefix", "p"] if command == "replay" else []
     with pytest.raises(SystemExit) as exited:
-        main([*args, "--partitions", given])
+        main([*args, *flags])
     assert exited.value.code == 2
-    err = " ".join(capsys.readouterr().err.split())
-    assert f"Invalid value for '--partitions': expected partitions like 0,1,2: {given!r}" in err
+    return " ".join(capsys.readouterr().err.split())
 
 
 @pytest.mark.parametrize("command", ["rescore", "report"])
@@ -136,20 +138,17 @@ def test_a_domain_threshold_given_twice_is_a_bad_flag(
 
 
 @pytest.mark.parametrize("command", ["replay", "rescore", "report"])
-@pytest.mark.parametrize("given", ["-1", "0,-2", " -0 , -3", "1_0", " +1", "0,٣", "²"])
+@pytest.mark.parametrize(
+    "given", [",", "", " , ", "-1", "0,-2", " -0 , -3", "1_0", " +1", "0,٣", "²"]
+)
 def test_a_partition_not_in_plain_digits_is_a_bad_flag_before_the_broker_is_asked(
     command: str, given: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`replay --partitions -1` connected to the broker and only then found no partition -1
-    (with no broker: exit 1, "Kafka unreachable"); `1_0` was read as partition 10, ` +1` as
-    1 and `٣` (an Arabic-Indic three) as 3."""
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")  # nothing answers
-    args = [command, "--topic" if command == "replay" else "--from-topics"]
-    args += ["t", "--output-prefix", "p"] if command == "replay" else []
-    with pytest.raises(SystemExit) as exited:
-        main([*args, "--partitions", given])
-    assert exited.value.code == 2
-    err = " ".join(capsys.readouterr().err.split())
+    """`--partitions ,` read every partition, as if the flag were not given; `replay
+    --partitions -1` connected to the broker and only then found no partition -1 (with no
+    broker: exit 1, "Kafka unreachable"); `1_0` was read as partition 10, ` +1` as 1 and `٣`
+    (an Arabic-Indic three) as 3."""
+    err = range_usage_error(command, ["--partitions", given], monkeypatch, capsys)
     assert f"Invalid value for '--partitions': expected partitions like 0,1,2: {given!r}" in err
 
 
@@ -166,13 +165,7 @@ def test_an_offset_not_in_plain_digits_is_a_bad_flag_before_the_broker_is_asked(
 ) -> None:
     """`replay --from-offset -1` read the whole topic, as from its beginning, and
     `--to-offset -5` read nothing, both with exit 0; `1_0` was read as offset 10."""
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")  # nothing answers
-    args = [command, "--topic" if command == "replay" else "--from-topics"]
-    args += ["t", "--output-prefix", "p"] if command == "replay" else []
-    with pytest.raises(SystemExit) as exited:
-        main([*args, flag, given])
-    assert exited.value.code == 2
-    err = " ".join(capsys.readouterr().err.split())
+    err = range_usage_error(command, [flag, given], monkeypatch, capsys)
     assert f"Invalid value for '{flag}': expected an offset like 0 or 1000: {given!r}" in err
 
 
@@ -201,14 +194,8 @@ def test_an_offset_range_with_no_offset_in_it_is_a_usage_error(
 ) -> None:
     """`replay --from-offset 2 --to-offset 1` read nothing and said "replayed 0 records" with
     exit 0, after making its output topics."""
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")  # nothing answers
-    args = [command, "--topic" if command == "replay" else "--from-topics"]
-    args += ["t", "--output-prefix", "p"] if command == "replay" else []
-    with pytest.raises(SystemExit) as exited:
-        main([*args, *given])
-    assert exited.value.code == 2
+    err = range_usage_error(command, given, monkeypatch, capsys)
     start, end = given[given.index("--from-offset") + 1], given[given.index("--to-offset") + 1]
-    err = " ".join(capsys.readouterr().err.split())
     assert f"--to-offset {end} is not after --from-offset {start}" in err
 
 
