@@ -12,7 +12,8 @@ line unchanged (the trace was never scored, and scoring it again writes that sam
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 import orjson
@@ -155,22 +156,22 @@ async def rescore_topics(
                 if publisher is not None and routed:
                     await publisher.publish(routed)
                 if out is not None and lines:  # none: dead letters, or before the range
-                    _write(out, b"\n".join(lines) + b"\n")
+                    with _writing_output():
+                        out.write(b"\n".join(lines) + b"\n")
                 on_progress(len(chunk), total)
         if out is not None:
-            _write(out, b"")
+            with _writing_output():
+                out.flush()
     finally:
         await stop_all(publisher, reader)
 
 
-def _write(out: IO[bytes], data: bytes) -> None:
-    """Write (and with no data, flush) the --output file. Its failure (a full disk) is the
-    file's: an OSError here would be read as Kafka's, "Kafka unreachable"."""
+@contextlib.contextmanager
+def _writing_output() -> Iterator[None]:
+    """Around a write or flush of the --output file: its failure (a full disk) is the file's,
+    where an OSError would be read as Kafka's, "Kafka unreachable"."""
     try:
-        if data:
-            out.write(data)
-        else:
-            out.flush()
+        yield
     except OSError as exc:
         raise progress.OutputUnwritableError(
             f"cannot write the output: {exc.strerror or exc}"
