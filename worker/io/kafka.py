@@ -154,9 +154,19 @@ async def _create(admin: AIOKafkaAdminClient, topics: list[NewTopic]) -> None:
         log.info("created topic", extra={"topic": topic.name, "partitions": topic.num_partitions})
 
 
-def source_record(message: Any, timestamp_ms: int) -> SourceRecord:
+# Kafka's timestamp of a record without one: aiokafka reads a message format v0 record's as None.
+NO_TIMESTAMP = -1
+
+
+def source_record(message: Any, timestamp_ms: int | None = None) -> SourceRecord:
     """A consumed record (aiokafka's or faust's) as the scorer takes it. A header value may be
-    null on the wire: it stays null, not empty bytes, on every output that keeps it."""
+    null on the wire: it stays null, not empty bytes, on every output that keeps it.
+
+    Its timestamp is the record's integer milliseconds, exact over int64: the ``timestamp_ms``
+    a message from the scorer's faust consumer carries (``ScorerConsumer._to_message``; faust's
+    ``timestamp`` is seconds in a float) wins over the ``timestamp_ms`` given, which is for a
+    message without one (aiokafka's record: pass its ``timestamp``)."""
+    milliseconds = getattr(message, "timestamp_ms", timestamp_ms)
     headers = message.headers or ()
     if isinstance(headers, dict):
         headers = headers.items()
@@ -164,7 +174,7 @@ def source_record(message: Any, timestamp_ms: int) -> SourceRecord:
         topic=message.topic,
         partition=message.partition,
         offset=message.offset,
-        timestamp_ms=timestamp_ms,
+        timestamp_ms=NO_TIMESTAMP if milliseconds is None else milliseconds,
         key=message.key,
         value=message.value,
         headers=tuple((str(k), None if v is None else bytes(v)) for k, v in headers),

@@ -11,6 +11,7 @@ the library renames or reshapes a member used here. The other override, aiokafka
 - ``Consumer._new_consumer_thread`` and ``_buffered_partitions``: the thread above, and pausing
   a partition in the client while faust's buffer for it is full.
 - ``Consumer._commit``: every commit passes the checkpoint first (a commit never goes back).
+- ``Consumer._to_message``: each message keeps the record's timestamp as Kafka has it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import aiokafka
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import TP
+from faust.types import TP, ConsumerMessage
 
 from worker.io import unreadable
 from worker.settings import Settings
@@ -100,6 +101,16 @@ class ScorerConsumer(faust_aiokafka.Consumer):
         if stream is not None:
             stream.checkpoint.committing(offsets)
         return bool(await super()._commit(offsets))
+
+    def _to_message(self, tp: TP, record: Any) -> ConsumerMessage:
+        """faust's message, which also keeps the record's timestamp as Kafka has it: integer
+        milliseconds in ``timestamp_ms`` (None for a record without one), which
+        :func:`worker.io.kafka.source_record` reads. faust's own ``timestamp`` is seconds in a
+        float, exact only up to 2**53 ms: 2**53 + 1 came back as 2**53, and 2**63 - 1 as
+        2**63, outside int64, which stopped the worker on every restart."""
+        message = super()._to_message(tp, record)
+        message.timestamp_ms = record.timestamp  # type: ignore[attr-defined]
+        return message
 
 
 class ScorerTransport(faust_aiokafka.Transport):

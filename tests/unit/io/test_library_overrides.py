@@ -62,6 +62,13 @@ def test_every_commit_still_goes_through_commit() -> None:
     assert library_overrides.ScorerTransport.Consumer is library_overrides.ScorerConsumer
 
 
+def test_every_message_is_still_built_by_to_message_from_the_clients_record() -> None:
+    """``ScorerConsumer._to_message`` keeps the record's integer timestamp on each message
+    (tests/unit/io/test_record_timestamps.py runs it on every int64)."""
+    assert parameters(faust_aiokafka.Consumer._to_message) == ["self", "tp", "record"]
+    assert "to_message(tp, record)" in source(faust_consumer.Consumer.getmany)
+
+
 def test_batches_are_still_read_through_partition_records_and_the_codec_functions() -> None:
     assert parameters(fetcher.PartitionRecords.__init__)[:3] == ["self", "tp", "records"]
     assert "PartitionRecords(" in source(fetcher)
