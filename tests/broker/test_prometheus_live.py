@@ -38,6 +38,7 @@ import yaml
 from worker.dev.embedded_broker import EmbeddedBroker
 from worker.dev.process import WorkerProcess, free_loopback_port
 
+from support.apache_kafka import ApacheKafka
 from support.debian import debian_program
 from support.deploy_files import (
     ALERTS,
@@ -49,6 +50,7 @@ from support.deploy_files import (
     promql_nodes,
     promql_selectors,
 )
+from support.fixtures import dedicated_broker
 from support.kafka_helpers import create_topics, produce
 from support.outputs import collect_outputs
 from support.traces import make_trace
@@ -255,7 +257,7 @@ def traces(wave: int) -> list[tuple[bytes, bytes]]:
 
 @dataclass
 class Stack:
-    broker: EmbeddedBroker
+    broker: ApacheKafka | EmbeddedBroker
     worker: WorkerProcess
     prometheus: Prometheus
     decisions: set[str]
@@ -270,7 +272,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     binary = debian_program("prometheus", "prometheus", "PROMETHEUS")
     directory = tmp_path_factory.mktemp("prometheus")
     # The outage test stops this broker, so it is the module's own, not the session's.
-    with EmbeddedBroker() as broker:
+    with dedicated_broker() as broker:
         bootstrap = broker.bootstrap_servers
         env, outputs = worker_topics(
             "prom",

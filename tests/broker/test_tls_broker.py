@@ -17,11 +17,11 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from worker.dev.embedded_broker import EmbeddedBroker
 from worker.dev.process import WorkerProcess, free_loopback_port
 from worker.io.kafka import client_config
 from worker.settings import load_settings
 
+from support.fixtures import dedicated_broker
 from support.tcp_proxy import TcpProxy
 from support.tls import make_broker_certificates
 from support.traces import make_trace
@@ -51,7 +51,7 @@ def test_the_worker_scores_over_tls_with_a_ca_kafka_clients_accept(tmp_path: Pat
     certificates = make_broker_certificates(tmp_path)
     proxy_port = free_loopback_port()
     with (
-        EmbeddedBroker(advertised_port=proxy_port) as broker,
+        dedicated_broker(advertised_port=proxy_port) as broker,
         TcpProxy(broker.port, proxy_port, tls=certificates.server_context()),
     ):
         bootstrap = f"127.0.0.1:{proxy_port}"

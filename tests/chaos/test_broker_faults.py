@@ -29,11 +29,11 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from worker.dev.embedded_broker import EmbeddedBroker
 from worker.dev.process import WorkerProcess, free_loopback_port
 from worker.io.shutdown import EXIT_DEADLINE
 from worker.stream.metrics import END_TO_END_BUCKETS
 
+from support.fixtures import dedicated_broker
 from support.kafka_helpers import create_topics
 from support.outputs import outputs_by_trace_id
 from support.tcp_proxy import TcpProxy
@@ -311,7 +311,7 @@ def test_unreachable_broker_at_start_is_retried_until_it_appears(new_topic_name)
         waited = time.monotonic() - started
         retries = [e for e in worker.events() if e.get("event") == "Kafka unreachable; retrying"]
         assert worker.process is not None and worker.process.poll() is None, "keeps running"
-        with EmbeddedBroker(port=port):
+        with dedicated_broker(port=port):
             appeared = time.monotonic()
             worker.wait_for_event("scorer ready", timeout=60)
             ready_after = time.monotonic() - appeared

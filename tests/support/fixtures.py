@@ -4,9 +4,12 @@ test session, unique topic names, and settings isolated from the environment.
 Which broker, in order:
 1. ``KAFKA_BOOTSTRAP_SERVERS`` if set (an existing cluster; probed first).
 2. A Kafka container through testcontainers, if it is installed and a Docker engine answers.
-3. The embedded Kafka-compatible broker (``worker.dev.embedded_broker``), on a free loopback port.
+3. Apache Kafka as a JVM process (``support.apache_kafka``), where Java and Maven are installed.
+4. The embedded Kafka-compatible broker (``worker.dev.embedded_broker``), on a free loopback port.
 
-``KP_TEST_BROKER=embedded`` or ``=docker`` skips the detection and picks one of the last two.
+``KP_TEST_BROKER=docker``, ``=kafka`` or ``=embedded`` skips the detection and picks one of
+the last three. The embedded broker's smoke tier (the demo's broker) takes
+``embedded_bootstrap``, which is always that broker.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -21,6 +25,7 @@ import pytest
 
 from worker.dev.embedded_broker import EmbeddedBroker
 
+from support.apache_kafka import ApacheKafka
 from support.broker_probe import wait_for_kafka
 
 KAFKA_IMAGE = os.environ.get("KP_TEST_KAFKA_IMAGE", "confluentinc/cp-kafka:7.6.1")
@@ -57,18 +62,51 @@ def kafka_bootstrap() -> Iterator[str]:
         yield configured
         return
 
-    choice = os.environ.get("KP_TEST_BROKER", "").lower()
-    if choice == "docker" or (choice != "embedded" and _docker_usable()):
+    choice = chosen_broker()
+    if choice == "docker":
         from testcontainers.kafka import KafkaContainer
 
         with KafkaContainer(KAFKA_IMAGE) as kafka:
             bootstrap = kafka.get_bootstrap_server()
             wait_for_kafka(bootstrap, timeout=READY_TIMEOUT_SECONDS)
             yield bootstrap
-        return
+    elif choice == "kafka":
+        with ApacheKafka() as cluster:
+            yield cluster.bootstrap_servers
+    else:
+        with EmbeddedBroker() as broker:
+            yield broker.bootstrap_servers
 
+
+@pytest.fixture(scope="session")
+def embedded_bootstrap() -> Iterator[str]:
+    """The embedded broker (the demo's), whichever broker the other tests run against."""
     with EmbeddedBroker() as broker:
         yield broker.bootstrap_servers
+
+
+def dedicated_broker(
+    port: int | None = None, advertised_port: int | None = None
+) -> ApacheKafka | EmbeddedBroker:
+    """A broker of a test's own (one it stops or puts a proxy in front of): Apache Kafka
+    wherever the session's broker is not the embedded one and Java is installed. Use it as a
+    context manager; it has ``port``, ``bootstrap_servers`` and ``stop()``."""
+    if chosen_broker() != "embedded" and shutil.which("java") and shutil.which("mvn"):
+        return ApacheKafka(port=port, advertised_port=advertised_port)
+    return EmbeddedBroker(port=port, advertised_port=advertised_port)
+
+
+def chosen_broker() -> str:
+    """Which broker ``kafka_bootstrap`` starts: "docker", "kafka" or "embedded" (or "external"
+    when KAFKA_BOOTSTRAP_SERVERS names one)."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return "external"
+    choice = os.environ.get("KP_TEST_BROKER", "").lower()
+    if choice in ("docker", "kafka", "embedded"):
+        return choice
+    if _docker_usable():
+        return "docker"
+    return "embedded"
 
 
 @pytest.fixture

@@ -31,7 +31,6 @@ from pathlib import Path
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from worker.dev.embedded_broker import EmbeddedBroker
 from worker.dev.process import WorkerProcess
 
 from support.deploy_files import (
@@ -40,6 +39,7 @@ from support.deploy_files import (
     dockerfile_install_steps,
     dockerfile_instructions,
 )
+from support.fixtures import dedicated_broker
 from support.outputs import Output, collect_outputs
 from support.paths import REPO
 from support.traces import make_trace
@@ -228,7 +228,7 @@ def collect_while_alive(
 
 
 def feed_the_worker(venv: Path) -> None:
-    with EmbeddedBroker() as broker:
+    with dedicated_broker() as broker:
         bootstrap = broker.bootstrap_servers
         env, outputs = worker_topics("production-install", partitions=1)
         worker = InstalledWorker(venv, bootstrap, **env)
