@@ -109,7 +109,11 @@ async def collect_outputs(settings: Settings, accounting: Accounting, timeout: f
     topics = {topic: decision for decision, topic in output_topics(settings).items()}
     # No group: every partition of the output topics, from its beginning.
     consumer = AIOKafkaConsumer(
-        *topics, **client_config(settings), group_id=None, auto_offset_reset="earliest"
+        *topics,
+        **client_config(settings),
+        group_id=None,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
     )
     await consumer.start()
     try:

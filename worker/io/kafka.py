@@ -206,6 +206,8 @@ class PartitionLogReader:
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=settings.fetch_max_bytes,
             fetch_max_bytes=settings.fetch_max_bytes,
+            # A transactional producer's aborted records are neither scored nor read back.
+            isolation_level="read_committed",
         )
 
     async def start(self) -> None:

@@ -6,7 +6,8 @@ the library renames or reshapes a member used here. The other override, aiokafka
 :mod:`worker.io.unreadable`, installed from here, with its own tests.
 
 - ``AIOKafkaConsumerThread._create_worker_consumer`` and the consumer's
-  ``_fetch_max_wait_ms`` / ``_fetch_max_bytes``: the fetch wait and fetch size from the settings.
+  ``_fetch_max_wait_ms`` / ``_fetch_max_bytes`` / ``_isolation_level``: the fetch wait and fetch
+  size from the settings, and read_committed.
 - ``AIOKafkaConsumerThread._consumer`` / ``thread_loop``: pausing a partition's fetches.
 - ``Consumer._new_consumer_thread`` and ``_buffered_partitions``: the thread above, and pausing
   a partition in the client while faust's buffer for it is full.
@@ -36,6 +37,8 @@ class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     worker sees it, which alone breaks the 100 ms budget. It bounds each partition's share of
     a fetch (``consumer_max_fetch_size``) but leaves the whole fetch at aiokafka's 50 MiB:
     here the whole fetch gets the same bound as one partition (``Settings.fetch_max_bytes``).
+    It reads ``read_uncommitted`` outside its own exactly-once mode, so a transactional
+    producer's aborted records would be scored: here the consumer reads ``read_committed``.
     """
 
     def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
@@ -44,6 +47,7 @@ class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         # Both are read when the consumer starts its fetcher (the overrides test checks it).
         consumer._fetch_max_wait_ms = settings.fetch_max_wait_ms
         consumer._fetch_max_bytes = settings.fetch_max_bytes
+        consumer._isolation_level = "read_committed"
         # A batch it cannot read, or that decompresses past KP_MAX_BATCH_BYTES, is dead letters.
         unreadable.install(settings.max_batch_bytes)
         return consumer

@@ -61,6 +61,10 @@ class _WholeBatch:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._batch, name)
 
+    def __next__(self) -> Any:
+        """A read_committed fetch reads a control batch's marker record with ``next``."""
+        return next(self._batch)
+
     def __iter__(self) -> Iterator[Any]:
         batch = self._batch
         try:

@@ -155,6 +155,10 @@ class Partitions:
     async def _read_gap(self, tp: TopicPartition, start: int, end: int) -> list[SourceRecord]:
         """Records the consumer never delivered: read them from the log so none goes unscored."""
         gap = await self.reader.read(tp[0], tp[1], start, end)
+        if not gap:
+            # Offsets that hold no record a consumer reads: a transaction's marker, a
+            # producer's aborted records (read_committed), records compacted away.
+            return gap
         self.observer.gap_read(len(gap))
         log.warning(
             "consumer skipped records; scoring them from the log",

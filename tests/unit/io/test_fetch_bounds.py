@@ -43,11 +43,15 @@ def test_every_consumer_bounds_a_whole_fetch(
         (built,) = readers
         consumers = (group, built.client)
         limits = [(c._fetch_max_bytes, c._max_partition_fetch_bytes) for c in consumers]
+        isolation.extend(c._isolation_level for c in consumers)
         await group.stop()
         await reader.stop()
         return limits
 
+    isolation: list[str] = []
     assert asyncio.run(fetch_limits()) == [(bound, bound), (bound, bound)]
+    # A transactional producer's aborted records reach neither the scorer nor the log reader.
+    assert isolation == ["read_committed", "read_committed"]
 
 
 class _ResettingConsumer:

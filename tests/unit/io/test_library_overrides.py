@@ -37,14 +37,18 @@ def test_the_group_consumer_is_still_built_by_create_worker_consumer() -> None:
     assert parameters(overridden) == parameters(built)
 
 
-def test_the_fetch_wait_and_size_are_still_read_from_the_consumer_when_it_starts() -> None:
+def test_the_fetch_settings_are_still_read_from_the_consumer_when_it_starts() -> None:
     async def build() -> aiokafka.AIOKafkaConsumer:
-        return aiokafka.AIOKafkaConsumer(fetch_max_wait_ms=7, fetch_max_bytes=12_345)
+        return aiokafka.AIOKafkaConsumer(
+            fetch_max_wait_ms=7, fetch_max_bytes=12_345, isolation_level="read_committed"
+        )
 
     consumer = asyncio.run(build())
     assert (consumer._fetch_max_wait_ms, consumer._fetch_max_bytes) == (7, 12_345)
+    assert consumer._isolation_level == "read_committed"
     start = source(aiokafka.AIOKafkaConsumer.start)
-    assert "self._fetch_max_wait_ms" in start and "self._fetch_max_bytes" in start
+    for member in ("_fetch_max_wait_ms", "_fetch_max_bytes", "_isolation_level"):
+        assert f"self.{member}" in start
 
 
 def test_pausing_a_partition_still_finds_the_client_and_the_thread_loop() -> None:
