@@ -172,7 +172,7 @@ class ApacheKafka:
                         "-c",
                         str(node.directory / "server.properties"),
                         "--ignore-formatted",
-                    ),  # fmt: skip
+                    ),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                 )
