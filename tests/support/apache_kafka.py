@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,6 +103,7 @@ class KafkaNode:
     node_id: int
     port: int
     controller_port: int
+    internal_port: int
     directory: Path
     process: subprocess.Popen[bytes] | None = None
     log_offset: int = 0
@@ -139,6 +140,13 @@ class ApacheKafka:
     broker_config: Mapping[str, str] = field(default_factory=dict)
     port: int | None = None
     advertised_port: int | None = None
+    # More arguments to the storage format, e.g. ``--add-scram`` users.
+    format_args: Sequence[str] = ()
+    # The listener clients use, and its security protocol (listeners are all on 127.0.0.1).
+    client_listener: str = "PLAINTEXT"
+    client_protocol: str = "PLAINTEXT"
+    # librdkafka settings the readiness check needs beyond the address (credentials, CA).
+    admin_config: Mapping[str, str] = field(default_factory=dict)
     members: list[KafkaNode] = field(default_factory=list, init=False)
     _root: Path | None = field(default=None, init=False)
 
@@ -150,11 +158,11 @@ class ApacheKafka:
         """Format each node's storage, start them together, and return once every broker is
         listed by a Metadata request."""
         self._root = Path(tempfile.mkdtemp(prefix="kp-kafka-"))
-        ports = _free_ports(2 * self.nodes)
+        ports = _free_ports(3 * self.nodes)
         if self.port is not None:
             ports[0] = self.port
         self.members = [
-            KafkaNode(i + 1, ports[2 * i], ports[2 * i + 1], self._root / f"node-{i + 1}")
+            KafkaNode(i + 1, *ports[3 * i : 3 * i + 3], directory=self._root / f"node-{i + 1}")
             for i in range(self.nodes)
         ]
         cluster_id = _cluster_id()
@@ -172,6 +180,7 @@ class ApacheKafka:
                         "-c",
                         str(node.directory / "server.properties"),
                         "--ignore-formatted",
+                        *self.format_args,
                     ),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
@@ -236,15 +245,11 @@ class ApacheKafka:
         live = ",".join(node.address for node in self.members if node.alive())
         if not live:
             return set()
-        admin = AdminClient({"bootstrap.servers": live, **self.client_config()})
+        admin = AdminClient({"bootstrap.servers": live, **self.admin_config})
         try:
             return set(admin.list_topics(timeout=5).brokers)
         except Exception:  # not answering yet: the caller retries
             return set()
-
-    def client_config(self) -> dict[str, str]:
-        """librdkafka settings a client of this cluster needs beyond the bootstrap address."""
-        return {}
 
     def node(self, node_id: int) -> KafkaNode:
         return self.members[node_id - 1]
@@ -294,16 +299,26 @@ class ApacheKafka:
 
     def _properties(self, node: KafkaNode) -> str:
         replicas = str(min(3, self.nodes))
+        client = self.client_listener
+        # A secured client listener gets a plaintext one for the brokers among themselves.
+        internal = (
+            f"INTERNAL://127.0.0.1:{node.internal_port},"
+            if self.client_protocol != "PLAINTEXT"
+            else ""
+        )
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.members)
         config = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self._advertised(node)}",
+            "listeners": f"{client}://127.0.0.1:{node.port},{internal}"
+            f"CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"{client}://127.0.0.1:{self._advertised(node)}"
+            + (f",INTERNAL://127.0.0.1:{node.internal_port}" if internal else ""),
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name": "INTERNAL" if internal else client,
+            "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{client}:"
+            f"{self.client_protocol}" + (",INTERNAL:PLAINTEXT" if internal else ""),
             "log.dirs": str(node.directory / "data"),
             "num.partitions": "4",
             "default.replication.factor": replicas,
