@@ -326,12 +326,15 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="kp-headers-case-sensitive",
-        promise="Headers starting with kp- (any case) are the scorer's alone",
+        promise="Headers reading as kp- (any case, NFKC-normalised) are the scorer's alone",
         path="worker/core/output.py",
-        old="return tuple(h for h in headers if not h[0].lower().startswith(HEADER_PREFIX))",
-        new="return tuple(h for h in headers if not h[0].startswith(HEADER_PREFIX))",
-        tests=("tests/unit/core/test_pipeline.py::test_producer_kp_headers_never_reach_an_output",),
-        why="lets a producer's KP-Score header through to an output",
+        old='for c in unicodedata.normalize("NFKC", name).casefold()',
+        new="for c in name",
+        tests=(
+            "tests/unit/core/test_pipeline.py::test_producer_kp_headers_never_reach_an_output",
+            "tests/unit/core/test_header_names.py",
+        ),
+        why="lets a producer's KP-Score or fullwidth ｋｐ-decision header through to an output",
     ),
     Mutant(
         name="domain-label-unbounded",

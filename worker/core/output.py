@@ -6,6 +6,9 @@ the original bytes and explain themselves in headers (``schemas/dead-letter-head
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import unicodedata
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -80,7 +83,7 @@ def scored(
         source=record,
         decision=decision,
         value=value,
-        headers=(*producer_headers(record.headers), *verdict_headers(decision, breakdown.score)),
+        headers=(*verdict_headers(decision, breakdown.score), *producer_headers(record.headers)),
         domain_label=domain_label,
         breakdown=breakdown,
     )
@@ -113,9 +116,33 @@ def scored_value(
 
 
 def producer_headers(headers: Headers) -> Headers:
-    """The input's headers less any whose name starts with ``kp-`` (in any case): those are the
-    scorer's alone on an output, so a producer cannot pass off a verdict of its own."""
-    return tuple(h for h in headers if not h[0].lower().startswith(HEADER_PREFIX))
+    """The input's headers less any whose name reads as ``kp-`` (:func:`reads_as_scorers`):
+    those are the scorer's alone on an output, so a producer cannot pass off a verdict of its
+    own. Each output has the scorer's headers first and these after them, in their order."""
+    return tuple(h for h in headers if not reads_as_scorers(h[0]))
+
+
+def reads_as_scorers(name: str) -> bool:
+    """Whether a header name reads as one of the scorer's ``kp-`` names, as a consumer that
+    normalises Unicode reads it: compared after NFKC and case folding (``KP-``, fullwidth
+    ``ｋｐ-``), with invisible format characters (a zero-width space) left out and any dash or
+    minus sign (U+2010 hyphen, an en dash) read as ``-``."""
+    read = (
+        "-" if unicodedata.category(c) == "Pd" or c == "\N{MINUS SIGN}" else c
+        for c in unicodedata.normalize("NFKC", name).casefold()
+        if unicodedata.category(c) != "Cf"
+    )
+    return "".join(itertools.islice(read, len(HEADER_PREFIX))) == HEADER_PREFIX
+
+
+def with_scorer_header(routed: RoutedRecord, header: tuple[str, bytes]) -> RoutedRecord:
+    """``routed`` with one more of the scorer's headers: after its others, before the input's."""
+    own = sum(
+        1 for _ in itertools.takewhile(lambda h: h[0].startswith(HEADER_PREFIX), routed.headers)
+    )
+    return dataclasses.replace(
+        routed, headers=(*routed.headers[:own], header, *routed.headers[own:])
+    )
 
 
 def dead_letter(record: SourceRecord, error: TraceError) -> RoutedRecord:
@@ -139,10 +166,7 @@ def _dead_letter(
     with a null key, or a value left out) it gets an empty key and ``kp-key-null``.
     ``omitted`` says why the value was left out and where the original is; ``key_omitted``
     leaves the key out as well (an empty key: the record must have one)."""
-    headers = (
-        *(producer_headers(record.headers) if input_headers else ()),
-        *dead_letter_headers(record, error),
-    )
+    headers = dead_letter_headers(record, error)
     if omitted is not None:
         where = "read the original at the source topic/partition/offset"
         headers += (
@@ -155,7 +179,7 @@ def _dead_letter(
         source=record,
         decision=Decision.DEAD_LETTER,
         value=value,
-        headers=headers,
+        headers=(*headers, *(producer_headers(record.headers) if input_headers else ())),
         domain_label=OTHER_DOMAIN,
         error=error,
         empty_key=empty_key or key_omitted,

@@ -271,9 +271,9 @@ def rescored_record(recorded: SourceRecord, rescored: Rescored) -> RoutedRecord:
     """The record to publish: the recorded output's key and headers, with the new verdict (the
     old one's are the scorer's ``kp-`` headers, the only ones an output has)."""
     headers = (
-        *producer_headers(recorded.headers),
         *verdict_headers(rescored.decision, rescored.breakdown.score),
         (f"{HEADER_PREFIX}rescore-of", rescored.rescore_of.encode()),
+        *producer_headers(recorded.headers),
     )
     return RoutedRecord(
         source=recorded,

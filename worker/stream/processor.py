@@ -10,7 +10,6 @@ and each partition's state, :mod:`worker.stream.partitions`'; what a failure mea
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import time
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from worker.core.failures import FailurePolicy
+from worker.core.output import with_scorer_header
 from worker.core.records import RoutedRecord, SourceRecord
 from worker.core.scorer import Prepared, Scorer
 from worker.stream.checkpoint import Acknowledge, Checkpoint, RoutedPublisher
@@ -192,9 +192,7 @@ class StreamScorer:
             routed, timing.novelty, timing.score = self.scorer.finish([prepared])
             job.scored.set_result(None)
             if self.timing_header:
-                routed = [
-                    dataclasses.replace(routed[0], headers=(*routed[0].headers, timing.header()))
-                ]
+                routed = [with_scorer_header(routed[0], timing.header())]
             timing.publishing = time.monotonic()
             stage = "publish"
             timing.acked = await self.checkpoint.publish(routed, job.acknowledge)

@@ -216,7 +216,7 @@ def test_dead_letter_keeps_bytes_and_explains(value: bytes | None, kind: str) ->
     assert routed.breakdown is None
     assert routed.error is not None and routed.error.kind == kind
     headers = headers_of(routed)
-    assert routed.headers[0] == ("h", b"v")  # input headers kept, first
+    assert routed.headers[-1] == ("h", b"v")  # input headers kept, after the scorer's
     assert headers["kp-error-kind"] == kind.encode()
     assert headers["kp-error-reason"].decode() == routed.error.reason
     assert headers["kp-source-topic"] == TOPIC.encode()
@@ -339,7 +339,7 @@ def test_scored_value_format() -> None:
 
     assert routed.key == b"agent"
     headers = headers_of(routed)
-    assert routed.headers[0] == ("trace", b"t")
+    assert routed.headers[0][0] == "kp-decision" and routed.headers[-1] == ("trace", b"t")
     assert headers["kp-decision"] == routed.decision.value.encode()
     assert float(headers["kp-score"]) == routed.breakdown.score
     assert headers["kp-scorer-version"] == __version__.encode()
@@ -362,7 +362,7 @@ def test_producer_kp_headers_never_reach_an_output(value: bytes | None) -> None:
     """``kp-*`` headers are the scorer's: a producer's own are dropped, in any case."""
     routed = score_one(scorer(), record(value, headers=SPOOFED_HEADERS))
     names = [name for name, _ in routed.headers]
-    assert routed.headers[0] == ("trace", b"t")  # other input headers kept, first
+    assert routed.headers[-1] == ("trace", b"t")  # other input headers kept, after the scorer's
     assert "KP-Score" not in names
     assert len(names) == len(set(names))  # each scorer header once
     if routed.decision is Decision.DEAD_LETTER:
