@@ -199,16 +199,35 @@ def dead_letter_headers(record: SourceRecord, error: TraceError) -> tuple[tuple[
 
 
 def without_value(routed: RoutedRecord, limit: int) -> RoutedRecord:
-    """A record too large to publish, as a dead letter that points at the original instead.
+    """A record too large to publish, as a dead letter that points at the original instead:
+    a scored output's is ``output_too_large``, a dead letter keeps its kind. Both say which
+    part made it too large (:func:`_too_large_part`).
 
     Nothing is lost: the source headers locate the original in the input topic.
     """
-    size = len(routed.value or b"")
-    error = routed.error or OutputTooLargeError(
-        f"output of {size} bytes is over the {limit}-byte publish limit"
+    why = _too_large_part(routed, limit)
+    error = routed.error or OutputTooLargeError(f"{routed.decision.value} output: {why}")
+    return _dead_letter(routed.source, error, input_headers=True, omitted=why)
+
+
+def _too_large_part(routed: RoutedRecord, limit: int) -> str:
+    """Which part of a record refused as too large made it so, with every part's size. The
+    value has ``limit`` bytes (KP_MAX_OUTPUT_BYTES) to itself, and the record limit adds room
+    for the key and the headers (``Settings.output_record_limit``): a value within its own
+    limit leaves the larger of the key and the headers (names and values) to blame."""
+    sizes = {
+        "value": len(routed.value or b""),
+        "key": len(routed.key or b""),
+        "headers": sum(
+            len(n.encode("utf-8", "replace")) + len(v or b"") for n, v in routed.headers
+        ),
+    }
+    part = "value" if sizes["value"] > limit else max(("key", "headers"), key=sizes.__getitem__)
+    parts = ", ".join(f"{name} {size} bytes" for name, size in sizes.items())
+    return (
+        f"the {part} made it too large to publish ({parts}; the publish limit gives the "
+        f"value {limit} bytes, KP_MAX_OUTPUT_BYTES)"
     )
-    omitted = f"{size} bytes, over the {limit}-byte publish limit"
-    return _dead_letter(routed.source, error, input_headers=True, omitted=omitted)
 
 
 def refused(routed: RoutedRecord, why: str, *, with_key: bool = True) -> RoutedRecord:

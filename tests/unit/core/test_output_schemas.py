@@ -76,6 +76,14 @@ def test_error_kinds_in_schema_match_the_code() -> None:
     }
 
 
+def test_every_error_kind_is_listed_where_the_page_lists_them() -> None:
+    """docs/output.md lists the dead-letter kinds; the schema and the code agree (above)."""
+    page = (REPO / "docs" / "output.md").read_text()
+    listing = page.split("## Dead letters", 1)[1].split("`kp-error-reason`", 1)[0]
+    assert [kind for kind in ERROR_KINDS if f"`{kind}`" not in listing] == []
+    assert "`output_too_large` for a valid trace" in listing
+
+
 def test_oversized_scored_output_is_dead_lettered_with_its_original_bytes() -> None:
     scorer = build_scorer(load_settings(), use_embedder=False)
     scorer.max_output_bytes = 2_000

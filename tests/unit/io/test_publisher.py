@@ -148,6 +148,35 @@ def test_a_key_too_large_to_publish_is_left_out_of_the_least_dead_letter() -> No
     dead = sent[1]
     assert dead["value"] is None and dead["topic"] == load_settings().dead_letter_topic
     assert dead["headers"]["kp-error-kind"] == b"output_too_large"
+    reason = dead["headers"]["kp-error-reason"]
+    assert reason.startswith(b"accepted output: the key made it too large to publish (value 12 ")
+    assert b"key 5000 bytes" in reason, "the key is blamed, with its size, not the value"
     assert b"key" in dead["headers"]["kp-value-omitted"]
     assert dead["headers"]["kp-source-offset"] == b"5", "it points at the original"
     assert "kp-key-null" not in dead["headers"], "the original's key was not null"
+
+
+def test_headers_too_large_to_publish_are_named_as_what_made_the_output_too_large() -> None:
+    """A producer's headers can make a small output too large: the dead letter says so, with
+    the sizes, where it blamed the value's 12 bytes ('output of 12 bytes is over the ...')."""
+
+    def too_large(headers: Any, **_: Any) -> None:
+        if sum(len(name) + len(value or b"") for name, value in headers) > 1_000:
+            raise MessageSizeTooLargeError("too large for the producer")
+
+    source = SourceRecord("raw", 0, 5, 1, b"k", trace_bytes(), (("x-big", b"h" * 5_000),))
+    output = RoutedRecord(source, Decision.REJECTED, b'{"trace":{}}', source.headers, "other")
+    (dead,) = publish([output], RecordingProducer(too_large))
+    assert dead["value"] is None and dead["key"] == b"k" and "x-big" not in dead["headers"]
+    assert dead["headers"]["kp-error-kind"] == b"output_too_large"
+    reason = dead["headers"]["kp-error-reason"].decode()
+    assert reason.startswith("rejected output: the headers made it too large to publish (")
+    assert "value 12 bytes, key 1 bytes, headers 5005 bytes" in reason
+
+
+def test_a_dead_letter_too_large_to_publish_names_its_value_and_keeps_its_kind() -> None:
+    routed = without_value(dead_letter(record(b"k", b"v" * 3_000), EmptyMessageError("x")), 900)
+    headers = dict(routed.headers)
+    assert headers["kp-error-kind"] == b"empty" and headers["kp-error-reason"] == b"x"
+    assert headers["kp-value-omitted"].startswith(b"the value made it too large to publish")
+    assert b"value 3000 bytes, key 1 bytes" in headers["kp-value-omitted"]
