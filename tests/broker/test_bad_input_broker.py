@@ -84,6 +84,10 @@ async def _produce_big(
     return [(m.partition, m.offset) for m in sent]
 
 
+# The corpus has records up to 16 MiB: Apache Kafka refuses a record over the topic's
+# max.message.bytes (1 MiB by default), as a production input topic would be configured.
+BIG_RECORDS = {"max.message.bytes": str(20 * 1024 * 1024)}
+
 SPOOFED_VERDICT = [("kp-decision", b"accepted"), ("kp-score", b"1.0"), ("KP-Error-Kind", b"none")]
 
 
@@ -207,7 +211,7 @@ def _round_records(round_no: int, valid_every: int = 15) -> list[tuple[bytes, by
 @pytest.mark.broker
 def test_corpus_through_one_worker_lands_in_the_right_topics(kafka_bootstrap: str) -> None:
     env = _topics(f"bad-{uuid.uuid4().hex[:8]}", partitions=2)
-    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=2)
+    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=2, configs=BIG_RECORDS)
     planned = _round_records(0)
     records = [(key, value, i % 2) for i, (key, value, _) in enumerate(planned)]
     outputs = [env["KP_ACCEPTED_TOPIC"], env["KP_REJECTED_TOPIC"], env["KP_DEAD_LETTER_TOPIC"]]
@@ -318,7 +322,7 @@ def _check_outputs(
 def test_corpus_twenty_times_keeps_memory_flat(kafka_bootstrap: str) -> None:
     rounds = int(os.environ.get("KP_TEST_RSS_ROUNDS", "20"))
     env = _topics(f"badrss-{uuid.uuid4().hex[:8]}", partitions=2)
-    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=2)
+    create_topics(kafka_bootstrap, [env["KP_INPUT_TOPIC"]], partitions=2, configs=BIG_RECORDS)
     outputs = [env["KP_ACCEPTED_TOPIC"], env["KP_REJECTED_TOPIC"], env["KP_DEAD_LETTER_TOPIC"]]
     rss: list[int] = []
 

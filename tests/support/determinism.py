@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from worker.cli.score import LineRecords, score_lines
 from worker.core.scorer import build_scorer
@@ -101,7 +102,8 @@ class Run:
         }
 
     def worker(self) -> WorkerProcess:
-        return WorkerProcess(self.bootstrap, **self.env).start()
+        self.last_worker = WorkerProcess(self.bootstrap, **self.env).start()
+        return self.last_worker
 
     def published(self) -> int:
         """Approximate output count, to time interventions (not used for assertions)."""
@@ -110,7 +112,10 @@ class Run:
     def wait_published(self, at_least: int, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         while self.published() < at_least:
-            assert time.monotonic() < deadline, f"{self.name}: stuck below {at_least} outputs"
+            assert time.monotonic() < deadline, (
+                f"{self.name}: stuck at {self.published()} of {at_least} outputs; "
+                f"the last worker's log:\n{self.last_worker.tail()}"
+            )
             time.sleep(0.5)
 
     def collect(self, expected: set[tuple[int, int]]) -> list[Output]:
@@ -118,15 +123,25 @@ class Run:
 
 
 async def _count(bootstrap: str, topics: list[str]) -> int:
+    # The partitions come from the admin client: a consumer's topics() returns fresh metadata
+    # without updating its own, so on Apache Kafka its partitions_for_topic stayed empty.
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(topics)
+    finally:
+        await admin.close()
+    partitions = [
+        TopicPartition(d["topic"], p["partition"])
+        for d in described
+        if not d.get("error_code")
+        for p in d.get("partitions", ())
+    ]
+    if not partitions:
+        return 0
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await consumer.start()
     try:
-        await consumer.topics()  # fetches the cluster's metadata
-        partitions = [
-            TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()
-        ]
-        if not partitions:
-            return 0
         return sum((await consumer.end_offsets(partitions)).values())
     finally:
         await consumer.stop()

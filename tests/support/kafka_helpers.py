@@ -70,13 +70,18 @@ async def create_topics_async(
     partitions: int = 1,
     replication_factor: int = 1,
     exist_ok: bool = False,
+    configs: dict[str, str] | None = None,
 ) -> None:
-    """Create ``names`` with ``partitions`` each; raise if the broker reports an error."""
+    """Create ``names`` with ``partitions`` each (and topic ``configs``); raise if the broker
+    reports an error."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         response = await admin.create_topics(
-            [NewTopic(name, partitions, replication_factor) for name in names]
+            [
+                NewTopic(name, partitions, replication_factor, topic_configs=configs or {})
+                for name in names
+            ]
         )
     finally:
         await admin.close()
@@ -121,8 +126,11 @@ def create_topics(
     partitions: int = 1,
     replication_factor: int = 1,
     exist_ok: bool = False,
+    configs: dict[str, str] | None = None,
 ) -> None:
-    asyncio.run(create_topics_async(bootstrap, names, partitions, replication_factor, exist_ok))
+    asyncio.run(
+        create_topics_async(bootstrap, names, partitions, replication_factor, exist_ok, configs)
+    )
 
 
 async def produce_async(
