@@ -221,10 +221,10 @@ class ApacheKafka:
         for node in self.members:
             while _READY_MARKER not in node.log_text():
                 if not node.alive():
+                    tail = node.log_text()[-3000:]  # before stop() removes the log
                     self.stop()
                     raise KafkaStartError(
-                        f"Apache Kafka node {node.node_id} exited during start-up:\n"
-                        f"{node.log_text()[-3000:]}"
+                        f"Apache Kafka node {node.node_id} exited during start-up:\n{tail}"
                     )
                 if time.monotonic() > deadline:
                     tail = node.log_text()[-3000:]
