@@ -4,9 +4,11 @@
                                        [--env KEY=VALUE ...] [--rate R] [--loads 0.25,0.5,0.8]
                                        [--per-phase N] [--max-rate-records N]
                                        [--arrivals poisson|even] [--repeat-texts]
-                                       [--others-cpus LIST] [--bootstrap HOST:PORT]
+                                       [--others-cpus LIST]
+                                       [--broker embedded|kafka | --bootstrap HOST:PORT]
 
-On the embedded broker (or the one --bootstrap names), one `kp-scorer worker` subprocess per
+On the embedded broker (Apache Kafka with --broker kafka, started on loopback as the tests
+start it, or the broker --bootstrap names), one `kp-scorer worker` subprocess per
 configuration, each on its own 4-partition topics, all started up front (an idle worker costs
 next to nothing). A configuration is a name and the settings its worker runs with, e.g.
 `--config default:` (the shipped settings; the default) or `--config
@@ -69,9 +71,11 @@ import asyncio
 import math
 import os
 import re
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import _corpus
 import _machine
@@ -84,6 +88,10 @@ from aiokafka import AIOKafkaProducer
 
 from worker.dev.embedded_broker import EmbeddedBroker
 from worker.stream.timing import STAGES
+
+# Apache Kafka is started by the tests' launcher (tests/support/apache_kafka.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.apache_kafka import ApacheKafka
 
 WARMUP_RECORDS = 24
 TARGET_LOAD = 0.5
@@ -381,9 +389,10 @@ async def run_phase(
 
 
 async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
-    broker, bootstrap = None, args.bootstrap
+    broker: EmbeddedBroker | ApacheKafka | None = None
+    bootstrap = args.bootstrap
     if bootstrap is None:
-        broker = EmbeddedBroker()
+        broker = ApacheKafka() if args.broker == "kafka" else EmbeddedBroker()
         broker.start()
         bootstrap = broker.bootstrap_servers
     broker_pid = None if broker is None else broker.pid
@@ -574,6 +583,12 @@ def main() -> None:
         type=_machine.cpu_list,
         metavar="LIST",
         help="CPUs for the broker and this process, e.g. 2,3 (default: anywhere)",
+    )
+    parser.add_argument(
+        "--broker",
+        choices=("embedded", "kafka"),
+        default="embedded",
+        help="the broker started for the run: the embedded one, or Apache Kafka (Java, Maven)",
     )
     parser.add_argument(
         "--bootstrap",

@@ -151,6 +151,12 @@ class ApacheKafka:
     _root: Path | None = field(default=None, init=False)
 
     @property
+    def pid(self) -> int | None:
+        """The first node's process id (its CPU is the broker's, for one node)."""
+        process = self.members[0].process if self.members else None
+        return None if process is None else process.pid
+
+    @property
     def bootstrap_servers(self) -> str:
         return ",".join(node.address for node in self.members)
 
@@ -332,7 +338,9 @@ class ApacheKafka:
             # Tests join and leave groups often: no wait for more members, short sessions.
             "group.initial.rebalance.delay.ms": "0",
             "group.min.session.timeout.ms": "1000",
-            # Retention and truncation tests see the log cleaner act within seconds.
+            # Records keep whatever old timestamps a test gives them: no time retention unless
+            # a topic asks for it (retention.ms), and then the cleaner acts within seconds.
+            "log.retention.ms": "-1",
             "log.retention.check.interval.ms": "1000",
             "log.segment.delete.delay.ms": "0",
             **self.broker_config,

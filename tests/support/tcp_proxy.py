@@ -80,7 +80,9 @@ class TcpProxy:
         return cut
 
     def hold(self, *api_keys: int) -> None:
-        """Keep requests of these Kafka APIs from the broker until :meth:`release`."""
+        """Keep requests of these Kafka APIs from the broker until :meth:`release`;
+        ``held_requests`` counts from 0 again."""
+        self.held_requests = 0
         self._call(self._hold(frozenset(api_keys)))
 
     def release(self) -> None:

@@ -3,6 +3,7 @@ start their workers here, with the same settings and the same log handling."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import subprocess
@@ -19,6 +20,18 @@ LOCAL_GROUP_SETTINGS = {
     "KP_HEARTBEAT_INTERVAL_SECONDS": "1",
     "KP_COMMIT_INTERVAL_SECONDS": "0.5",
 }
+
+
+# Workers still running when the process that started them exits are killed: a test that
+# failed before stopping its worker left it retrying a broker that was gone, for good.
+_started: list[subprocess.Popen[bytes]] = []
+
+
+@atexit.register
+def _kill_started() -> None:
+    for process in _started:
+        if process.poll() is None:
+            process.kill()
 
 
 def free_loopback_port() -> int:
@@ -75,6 +88,7 @@ class WorkerProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
+        _started.append(self.process)
         return self
 
     def alive(self) -> bool:
