@@ -477,4 +477,28 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         why="a 1 MiB gzip batch costs 2.3 GB of memory, a zstd one tens of GB",
     ),
+    Mutant(
+        name="aborted-transactions-scored",
+        promise="A producer's aborted transactions are never scored",
+        path="worker/io/library_overrides.py",
+        old='        consumer._isolation_level = "read_committed"\n',
+        new='        consumer._isolation_level = "read_uncommitted"\n',
+        tests=(
+            "tests/unit/io/test_fetch_bounds.py::test_every_consumer_bounds_a_whole_fetch",
+            "tests/broker/test_transactional_producers.py",
+        ),
+        why="the worker reads read_uncommitted, so traces a producer took back are published",
+    ),
+    Mutant(
+        name="transaction-marker-ends-the-consumer",
+        promise="A producer's aborted transactions are never scored",
+        path="worker/io/unreadable.py",
+        old="    def __next__(self) -> Any:\n",
+        new="    def _next(self) -> Any:\n",
+        tests=(
+            "tests/unit/io/test_unreadable.py::"
+            "test_a_read_committed_fetch_skips_an_aborted_transaction_as_aiokafka_does",
+        ),
+        why="the first abort marker a read_committed fetch meets crashes the consumer",
+    ),
 )

@@ -154,3 +154,44 @@ def test_the_codecs_of_both_record_modules_are_bounded() -> None:
 
 def orjson_trace() -> bytes:
     return trace_bytes()
+
+
+class _ControlBatchBuilder(_DefaultRecordBatchBuilderPy):
+    """Writes control batches: a transaction's commit or abort marker."""
+
+    def _get_attributes(self, include_compression_type: bool = True) -> int:
+        return int(super()._get_attributes(include_compression_type)) | 0x20
+
+
+def transactional(offsets: range, producer_id: int = 7, control: bool = False) -> bytes:
+    builder = (_ControlBatchBuilder if control else _DefaultRecordBatchBuilderPy)(
+        magic=2,
+        compression_type=0,
+        is_transactional=1,
+        producer_id=producer_id,
+        producer_epoch=0,
+        base_sequence=-1 if control else offsets[0],
+        batch_size=1 << 20,
+    )
+    for offset in offsets:
+        # A control record's key is its version (0) and type (0: abort).
+        key = b"\x00\x00\x00\x00" if control else b"k"
+        builder.append(offset, 1_700_000_000_000, key, b"" if control else b"v", [])
+    return bytes(builder.build())
+
+
+def test_a_read_committed_fetch_skips_an_aborted_transaction_as_aiokafka_does() -> None:
+    """A transaction's marker is read with ``next`` on its batch; the override must allow it."""
+    raw = transactional(range(0, 2)) + transactional(range(2, 3), control=True)
+    raw += transactional(range(3, 5))
+    aborted = [(7, 0)]  # producer 7's transaction from offset 0 was aborted
+    read_committed = 1
+
+    def offsets(records_class: type) -> list[int]:
+        records = records_class(
+            TP, MemoryRecords(raw), aborted, 0, None, None, True, read_committed
+        )
+        return [r.offset for r in records]
+
+    assert offsets(AIOKAFKA_RECORDS) == [3, 4]
+    assert offsets(fetcher.PartitionRecords) == [3, 4]
