@@ -10,7 +10,8 @@ finishes a record, and the answers compare those stamps with the clock.
   ``stall_seconds`` (a cache rebuild in progress counts as progress).
 - Ready: the scorer is built (model loaded, or running without one as configured), the
   broker answers (it has answered at least once, and the last request to it did not fail),
-  the consumer has received a partition assignment, and the worker is not stopping.
+  it refuses none of the worker's requests for want of a permission (an ACL), the consumer
+  has received a partition assignment, and the worker is not stopping.
 """
 
 from __future__ import annotations
@@ -42,12 +43,14 @@ class WorkerHealth:
         records_waiting: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
         broker: Callable[[], str] = lambda: "ok",
+        permissions: Callable[[], str] = lambda: "ok",
     ) -> None:
         self.stall_seconds = stall_seconds
         # How often the event loop stamps its tick: well within a third of the stall time.
         self.tick_seconds = min(LOOP_TICK_SECONDS, stall_seconds / 3 / TICKS_PER_STALL_THIRD)
         self._records_waiting = records_waiting
         self._broker = broker  # "ok" or why not
+        self._permissions = permissions  # "ok" or which are refused
         self._clock = clock
         self._lock = threading.Lock()
         started = clock()
@@ -103,13 +106,21 @@ class WorkerHealth:
 
     def readiness(self) -> Verdict:
         broker = self._broker()
+        permissions = self._permissions()
         with self._lock:
             model, assigned, stopping = self._model, self._assignment_received, self._stopping
         checks = {
             "scorer": model or "starting",
             "broker": broker,
+            "permissions": permissions,
             "assignment": "received" if assigned else "waiting for the group",
             "stopping": "yes" if stopping else "no",
         }
-        ready = model is not None and broker == "ok" and assigned and not stopping
+        ready = (
+            model is not None
+            and broker == "ok"
+            and permissions == "ok"
+            and assigned
+            and not stopping
+        )
         return Verdict(ready, checks)

@@ -1,7 +1,7 @@
 """Every metric update, in one place: processing code reports what happened to an observer and
 never touches a metric itself. The default observer writes the Prometheus metrics of
 :mod:`worker.stream.metrics`; tests may pass their own. The state read at scrape time
-(``broker``, ``lag``, ``health``) is reported to those objects directly."""
+(``broker``, ``permissions``, ``lag``, ``health``) is reported to those objects directly."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from worker.stream import metrics
 from worker.stream.connectivity import BrokerHealth
 from worker.stream.health import WorkerHealth
 from worker.stream.lag import PartitionLag
+from worker.stream.permissions import Permissions
 from worker.stream.timing import RecordTiming
 
 TopicPartition = tuple[str, int]
@@ -32,10 +33,12 @@ class MetricsObserver:
         self.latency_budget_seconds = latency_budget_seconds
         self.broker = broker or BrokerHealth()
         self.lag = PartitionLag()
+        self.permissions = Permissions()
         self.health = WorkerHealth(
             stall_seconds,
             records_waiting=lambda: self.lag.records_waiting(stall_seconds),
             broker=self.broker.readiness,
+            permissions=self.permissions.readiness,
         )
         self._fetch_paused: set[TopicPartition] = set()
 
