@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import faust
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from faust.types import TP, TransportT
 
 from worker import __version__
@@ -30,8 +30,10 @@ from worker.core.failures import FailurePolicy
 from worker.core.output import output_topics
 from worker.core.scorer import build_scorer
 from worker.io import http
+from worker.io.access import connection_refusal
 from worker.io.kafka import (
     PartitionLogReader,
+    TopicNotAuthorized,
     client_config,
     ensure_topics,
     source_record,
@@ -46,6 +48,7 @@ from worker.retry import backoff
 from worker.settings import Settings, load_settings
 from worker.stream.checkpoint import CONFIRM_SECONDS, drain_seconds, unconfirmed_commits
 from worker.stream.observer import MetricsObserver
+from worker.stream.permissions import Refusal
 from worker.stream.processor import StreamScorer
 
 log = logging.getLogger(__name__)
@@ -292,28 +295,55 @@ async def _trim_memory() -> None:
 async def _wait_for_kafka(
     settings: Settings, observer: MetricsObserver, failures: FailurePolicy
 ) -> None:
-    """Create topics, retrying with backoff (and one clear log line per try) until reachable;
-    the broker counts as reached (``kp_broker_reachable``) once they are there."""
+    """Create topics, retrying with backoff until reachable, with one clear log line per try
+    (the broker unreachable, or refusing its certificate's trust or the credentials), and until
+    the user may use them (one line per permission refused, :mod:`worker.stream.permissions`);
+    the broker counts as reached (``kp_broker_reachable``) once it answers."""
     outputs = list(output_topics(settings).values())
     delays = backoff(STARTUP_BACKOFF_SECONDS)
+    refused: Refusal | None = None
     for attempt in itertools.count(1):
+        delay = next(delays)
         try:
             await ensure_topics(settings, outputs)
             observer.broker.reached()
+            if refused is not None:
+                observer.permissions.granted(refused)
             return
+        except TopicNotAuthorized as exc:
+            observer.broker.reached()  # it answered: a refusal, not an outage
+            topic = _topic_refusal(settings, exc.topic)
+            if refused is not None and refused != topic:
+                observer.permissions.granted(refused)  # granted: the next topic was refused
+            refused = topic
+            observer.permissions.refused(refused)
         except (KafkaError, OSError) as exc:
-            failures.consumer_failed(exc)
-            delay = next(delays)
+            refusal = None
+            if isinstance(exc, KafkaConnectionError):  # the reason is in aiokafka's own line
+                refusal = await connection_refusal(settings)
+            if refusal is None:
+                failures.consumer_failed(exc)
+            else:
+                observer.broker.unreachable(str(refusal))
             log.error(
-                "Kafka unreachable; retrying",
+                "%s; retrying",
+                "Kafka unreachable" if refusal is None else refusal.problem,
                 extra={
                     "bootstrap_servers": settings.kafka_bootstrap_servers,
-                    "error": error_line(exc),
+                    "error": error_line(exc) if refusal is None else refusal.error,
+                    **({"check": refusal.check} if refusal is not None else {}),
                     "retry_in_s": delay,
                     "attempt": attempt,
                 },
             )
-            await asyncio.sleep(delay)
+        await asyncio.sleep(delay)
+
+
+def _topic_refusal(settings: Settings, topic: str) -> Refusal:
+    """What the worker needs on a topic it may neither see nor create: Read on the input, Write
+    on an output, or else Create for the worker to create it."""
+    operation = "Read" if topic == settings.input_topic else "Write"
+    return Refusal(operation, "topic", topic, "or Create, for the worker to create it")
 
 
 def create_app(

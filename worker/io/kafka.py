@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+)
 
 from worker.core.records import SourceRecord
 from worker.io import unreadable
@@ -139,6 +144,25 @@ class TopicCreationError(KafkaError):
     """The broker refused to create a topic; the message carries its error code and text."""
 
 
+class TopicNotAuthorized(TopicCreationError):
+    """The user may neither see ``topic`` (Describe, which Read and Write include) nor create
+    it (Create): whether it exists, the broker does not say."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(
+            f"not authorized: the broker neither shows topic {topic!r} to this user "
+            "(Describe, which Read and Write include) nor lets it create the topic (Create)"
+        )
+
+
+# What CreateTopics answers a user without Create (on the topic or the cluster).
+_NOT_AUTHORIZED_CODES = (
+    TopicAuthorizationFailedError.errno,
+    ClusterAuthorizationFailedError.errno,
+)
+
+
 async def _create(admin: AIOKafkaAdminClient, topics: list[NewTopic]) -> None:
     for topic in topics:
         try:
@@ -149,6 +173,8 @@ async def _create(admin: AIOKafkaAdminClient, topics: list[NewTopic]) -> None:
         for name, code, *message in getattr(response, "topic_errors", ()):
             if code == TopicAlreadyExistsError.errno:
                 continue
+            if code in _NOT_AUTHORIZED_CODES:
+                raise TopicNotAuthorized(name)
             if code:
                 raise TopicCreationError(f"cannot create topic {name!r}: error {code} {message}")
         log.info("created topic", extra={"topic": topic.name, "partitions": topic.num_partitions})
