@@ -29,7 +29,7 @@ from worker import __version__
 from worker.core.failures import FailurePolicy
 from worker.core.output import output_topics
 from worker.core.scorer import build_scorer
-from worker.io import http
+from worker.io import http, library_overrides
 from worker.io.access import connection_refusal
 from worker.io.kafka import (
     PartitionLogReader,
@@ -182,6 +182,7 @@ class ScorerApp(faust.App):
         self._http: http.OpsServer | None = None
         self._ticker: asyncio.Future[None] | None = None
         self._trimmer: asyncio.Future[None] | None = None
+        self._refusals: asyncio.Future[None] | None = None
 
     def _new_transport(self) -> TransportT:
         return ScorerTransport(self.conf.broker_consumer, self, loop=self.loop)
@@ -198,6 +199,7 @@ class ScorerApp(faust.App):
             self._http = http.serve(settings.metrics_port, observer.health)
         self._ticker = asyncio.ensure_future(keep_loop_ticking(observer))
         self._trimmer = asyncio.ensure_future(_trim_memory())
+        self._refusals = asyncio.ensure_future(self._take_refusals())
         observer.configured_thresholds(settings.accept_threshold, settings.domain_thresholds)
         await _wait_for_kafka(settings, observer, self.failures)
         scorer = await asyncio.to_thread(build_scorer, settings)
@@ -231,6 +233,15 @@ class ScorerApp(faust.App):
             },
         )
 
+    async def _take_refusals(self) -> None:
+        """Every probe interval, what the group consumer was refused (the group's Read):
+        aiokafka holds it for a caller that faust's fetch is not (ScorerConsumerThread). From
+        the start: faust's timers, the probe's, run only once the group assigned partitions."""
+        while True:
+            await asyncio.sleep(PROBE_INTERVAL_SECONDS)
+            if isinstance(self._consumer, library_overrides.ScorerConsumer):
+                self._consumer.take_refusal()
+
     def _scoring_failed(self, exc: BaseException) -> None:
         """A record could not be scored or published: exit rather than idle with a gap (the
         record and everything after it is redelivered to the next worker)."""
@@ -263,7 +274,7 @@ class ScorerApp(faust.App):
                     extra={"partitions": self.left_uncommitted, "exit_code": EXIT_DEADLINE},
                 )
         await stop_all(self._reader, self._publisher)
-        for task in (self._ticker, self._trimmer):
+        for task in (self._ticker, self._trimmer, self._refusals):
             if task is not None:
                 task.cancel()
         if self._http is not None:
@@ -377,6 +388,7 @@ def create_app(
         now_assigned = sorted((tp.topic, tp.partition) for tp in assigned)
         if app.stream_scorer is not None:
             app.stream_scorer.assigned(now_assigned)
+        app.observer.permissions.granted(Refusal("Read", "group", settings.group_id))
         log.info("partitions assigned", extra={"partitions": now_assigned})
 
     # faust types a receiver as taking a keyword ``signal``; ours takes it in ``**_``.

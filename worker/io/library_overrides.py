@@ -9,6 +9,9 @@ the library renames or reshapes a member used here. The other override, aiokafka
   ``_fetch_max_wait_ms`` / ``_fetch_max_bytes`` / ``_isolation_level``: the fetch wait and fetch
   size from the settings, and read_committed.
 - ``AIOKafkaConsumerThread._consumer`` / ``thread_loop``: pausing a partition's fetches.
+- ``AIOKafkaConsumerThread._fetch_records`` and the group coordinator's ``_pending_exception``,
+  ``_coordination_task`` and ``check_errors``: a permission the broker refuses the consumer
+  (reading the input, joining the group) is reported and asked again, never a crash or a hang.
 - ``Consumer._new_consumer_thread`` and ``_buffered_partitions``: the thread above, and pausing
   a partition in the client while faust's buffer for it is full.
 - ``Consumer._commit``: every commit passes the checkpoint first (a commit never goes back).
@@ -17,16 +20,25 @@ the library renames or reshapes a member used here. The other override, aiokafka
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 import aiokafka
+from aiokafka.errors import TopicAuthorizationFailedError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, ConsumerMessage
 
 from worker.io import unreadable
+from worker.io.access import AUTHORIZATION_ERRORS, refusals
 from worker.settings import Settings
+from worker.stream.permissions import Permissions, Refusal
+
+# After the broker refused the consumer a fetch, it asks again this much later; a fetch that
+# works lifts the refusal once none came for this long.
+REFUSED_FETCH_PAUSE_SECONDS = 1.0
+REFUSED_FETCH_QUIET_SECONDS = 2.0
 
 
 class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -56,6 +68,60 @@ class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         """Pause or resume fetching ``tp``; safe to call from the app's event loop."""
         with contextlib.suppress(RuntimeError):  # the consumer thread has stopped: nothing to do
             self.thread_loop.call_soon_threadsafe(self._set_fetching, tp, fetching)
+
+    @property
+    def _permissions(self) -> Permissions:
+        return self.app.observer.permissions  # type: ignore[attr-defined,no-any-return]
+
+    async def _fetch_records(
+        self,
+        consumer: aiokafka.AIOKafkaConsumer,
+        active_partitions: set[TP],
+        timeout: float | None = None,
+        max_records: int | None = None,
+    ) -> Any:
+        """faust's fetch, where the broker refusing to let the worker read the input (no Read
+        on the topic) is reported, once, and the fetch asked again a second later: faust let
+        the error crash the worker, which restarted into the same refusal. A fetch that works
+        again lifts the refusal."""
+        try:
+            records = await super()._fetch_records(
+                consumer, active_partitions, timeout=timeout, max_records=max_records
+            )
+        except TopicAuthorizationFailedError as exc:
+            for refusal in refusals(exc, "Read"):
+                self._permissions.refused(refusal)
+            await asyncio.sleep(REFUSED_FETCH_PAUSE_SECONDS)
+            return {}
+        for topic in sorted({tp.topic for tp in active_partitions or ()}):
+            self._permissions.granted(
+                Refusal("Read", "topic", topic), quiet_seconds=REFUSED_FETCH_QUIET_SECONDS
+            )
+        return records
+
+    def take_refusal(self) -> None:
+        """Take the authorization error the group coordinator holds, if any (see
+        :meth:`_take_refusal`); safe to call from the app's event loop."""
+        with contextlib.suppress(RuntimeError):  # the consumer thread has stopped: nothing to do
+            self.thread_loop.call_soon_threadsafe(self._take_refusal)
+
+    def _take_refusal(self) -> None:
+        """aiokafka's group coordinator stops at an error for the user, such as the group's
+        Read refused, until the user takes it: aiokafka's own getmany does, faust's fetch does
+        not (and fetches nothing while it holds no partition). The worker waited for its group
+        without a word, and still after the permission was granted. Taken here, the refusal is
+        reported and the coordinator joins again."""
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        pending = getattr(coordinator, "_pending_exception", None)
+        if coordinator is None or not isinstance(pending, AUTHORIZATION_ERRORS):
+            return
+        if coordinator._coordination_task.done():
+            return  # ended: check_errors would raise how, which is not ours to take
+        try:
+            coordinator.check_errors()
+        except AUTHORIZATION_ERRORS as exc:
+            for refusal in refusals(exc, "Read"):
+                self._permissions.refused(refusal)
 
     def _set_fetching(self, tp: TP, fetching: bool) -> None:
         consumer = self._consumer
@@ -105,6 +171,10 @@ class ScorerConsumer(faust_aiokafka.Consumer):
         if stream is not None:
             stream.checkpoint.committing(offsets)
         return bool(await super()._commit(offsets))
+
+    def take_refusal(self) -> None:
+        """Report a permission the group coordinator was refused (ScorerConsumerThread)."""
+        self._thread.take_refusal()
 
     def _to_message(self, tp: TP, record: Any) -> ConsumerMessage:
         """faust's message, which also keeps the record's timestamp as Kafka has it: integer

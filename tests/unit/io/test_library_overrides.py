@@ -12,7 +12,8 @@ import aiokafka
 import faust.transport.consumer as faust_consumer
 import mode.threads
 import pytest
-from aiokafka.consumer import fetcher
+from aiokafka.consumer import fetcher, group_coordinator
+from aiokafka.errors import GroupAuthorizationFailedError, KafkaError
 from aiokafka.record import default_records
 from aiokafka.record._crecords import default_records as compiled_default_records
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -20,6 +21,7 @@ from faust.types import TP
 
 from worker.io import library_overrides, unreadable
 from worker.stream.checkpoint import Checkpoint, CommitWentBackwards
+from worker.stream.permissions import Permissions
 
 
 def parameters(function: object) -> list[str]:
@@ -106,3 +108,40 @@ def test_a_commit_that_would_go_backwards_never_reaches_the_broker(
     checkpoint.assigned([])  # revoked: its next ownership starts from the group's offset
     assert asyncio.run(consumer._commit({partition: 3}))
     assert sent[-1] == {partition: 3}
+
+
+def test_a_permission_refused_to_the_consumer_still_reaches_the_worker() -> None:
+    """``ScorerConsumerThread._fetch_records`` and ``_take_refusal`` (with Apache Kafka and
+    its ACLs: tests/broker/test_security_kafka.py)."""
+    fetch = faust_aiokafka.AIOKafkaConsumerThread._fetch_records
+    assert parameters(library_overrides.ScorerConsumerThread._fetch_records) == parameters(fetch)
+    assert "self._fetch_records," in source(faust_aiokafka.AIOKafkaConsumerThread.getmany)
+    assert "fetcher.fetched_records(" in source(fetch)
+    assert "check_errors" not in source(fetch), "faust takes the coordinator's errors now"
+    coordinator = source(group_coordinator.GroupCoordinator)
+    for member in ("self._pending_exception = exc", "self._coordination_task = ", "check_errors"):
+        assert member in coordinator
+
+    taken: list[str] = []
+    permissions = Permissions()
+    thread = object.__new__(library_overrides.ScorerConsumerThread)
+    thread.app = SimpleNamespace(observer=SimpleNamespace(permissions=permissions))
+
+    def check_errors() -> None:
+        taken.append("taken")
+        raise GroupAuthorizationFailedError("the-group")
+
+    running = SimpleNamespace(done=lambda: False)
+    thread._consumer = SimpleNamespace(  # type: ignore[assignment]
+        _coordinator=SimpleNamespace(
+            _pending_exception=GroupAuthorizationFailedError("the-group"),
+            _coordination_task=running,
+            check_errors=check_errors,
+        )
+    )
+    thread._take_refusal()
+    assert taken == ["taken"]
+    assert permissions.readiness() == "not authorized: Read on group 'the-group'"
+    thread._consumer._coordinator._pending_exception = KafkaError("not ours")  # type: ignore[union-attr]
+    thread._take_refusal()  # left for faust as before
+    assert taken == ["taken"]
