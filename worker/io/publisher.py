@@ -1,6 +1,7 @@
 """Publishing routed records to their output topics, acknowledged by the broker (acks=all):
 a record is never dropped, and one the Kafka client refuses is replaced by a dead letter it
-can publish, so no input record can stop the worker at its offset.
+can publish, so no input record can stop the worker at its offset. A topic the user may not
+write to (no Write ACL) is reported by name and retried like an outage until it may.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from aiokafka.errors import (
 
 from worker.core.output import is_refused_form, output_topics, refused, without_value
 from worker.core.records import Decision, RoutedRecord
+from worker.io.access import AUTHORIZATION_ERRORS
 from worker.io.kafka import client_config, stop_client
 from worker.logs import error_line
 from worker.retry import backoff
 from worker.settings import Settings
 from worker.stream.observer import MetricsObserver
+from worker.stream.permissions import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,10 @@ class Publisher:
             )
         except MessageSizeTooLargeError as exc:  # refused before sending: too large
             refusal: Exception = exc
+        except AUTHORIZATION_ERRORS as exc:  # the topic's permission, not the record: retried
+            not_sent: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            not_sent.set_exception(exc)
+            return not_sent
         except KafkaError:
             raise
         except Exception as exc:  # e.g. aiokafka's assertion on a record with no key or value
@@ -158,11 +165,23 @@ class Publisher:
                 for r, res in zip(pending, results, strict=True)
                 if isinstance(res, BaseException)
             ]
+            refused = sorted(
+                {
+                    self._topics[record.decision]
+                    for record, result in zip(pending, results, strict=True)
+                    if isinstance(result, AUTHORIZATION_ERRORS)
+                }
+            )
+            for topic in refused:
+                self._observer.permissions.refused(Refusal("Write", "topic", topic))
             if not failed:
                 self._observer.broker.published()
+                for topic in {self._topics[record.decision] for record in routed}:
+                    self._observer.permissions.granted(Refusal("Write", "topic", topic))
                 return
             self._observer.publish_retried()
             errors = {type(res).__name__ for res in results if isinstance(res, BaseException)}
+            errors |= {f"not authorized: Write on topic {topic!r}" for topic in refused}
             # From the first try: a request to a broker that vanished fails only after its
             # timeout, and that wait counts towards giving up.
             failing_since = failing_since or sent_at

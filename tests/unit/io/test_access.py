@@ -1,7 +1,7 @@
 """What the broker refuses the worker, named and retried (worker/io/access.py and its callers):
-a topic the user may neither see nor create at start-up, the SASL credentials or the broker's
-certificate. Each is one line that names what to change, and none stops the worker. The broker
-test is tests/broker/test_security_kafka.py."""
+a topic the user may neither see nor create at start-up, an output topic it may not write to,
+the SASL credentials or the broker's certificate. Each is one line that names what to change,
+and none stops the worker. The broker test is tests/broker/test_security_kafka.py."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
+from worker.core.records import Decision, RoutedRecord, SourceRecord
 from worker.io import access, app, kafka, publisher
 from worker.io.access import ConnectionRefusal, connection_refusal, refusals
+from worker.io.publisher import Publisher
 from worker.settings import load_settings
 from worker.stream.observer import MetricsObserver
 from worker.stream.permissions import Refusal
@@ -105,6 +107,64 @@ def test_a_refused_connection_is_said_as_what_to_check(
     (line,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert line.getMessage() == "Kafka refused the SASL credentials of user 'u'; retrying"
     assert (line.error, line.check) == ("bad", "X")  # type: ignore[attr-defined]
+
+
+class RefusingProducer:
+    """aiokafka's producer, refusing ``refusals`` writes to ``topic`` (the broker's answer, or
+    before sending when its metadata says so) before it takes them."""
+
+    def __init__(self, topic: str, refusals: int, before_sending: bool = False) -> None:
+        self.topic, self.refusals, self.before_sending = topic, refusals, before_sending
+        self.sent: list[str] = []
+
+    async def send(self, topic: str, **_: Any) -> asyncio.Future[None]:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if topic == self.topic and self.refusals:
+            self.refusals -= 1
+            if self.before_sending:
+                raise TopicAuthorizationFailedError(topic)
+            done.set_exception(TopicAuthorizationFailedError())
+            return done
+        self.sent.append(topic)
+        done.set_result(None)
+        return done
+
+
+def dead_letter() -> RoutedRecord:
+    source = SourceRecord("kp.traces.raw", 0, 7, 1, b"k", b"{", ())
+    return RoutedRecord(source, Decision.DEAD_LETTER, b"{", (), "other")
+
+
+@pytest.mark.parametrize("before_sending", [False, True])
+def test_an_output_topic_refused_is_named_retried_and_published_once_granted(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    quick_retries: None,
+    before_sending: bool,
+) -> None:
+    producer = RefusingProducer("kp.traces.dead-letter", 3, before_sending)
+    monkeypatch.setattr(publisher, "AIOKafkaProducer", lambda **config: producer)
+    caplog.set_level(logging.INFO)
+    observer = MetricsObserver()
+    asyncio.run(Publisher(load_settings(), observer=observer).publish([dead_letter()]))
+    assert producer.sent == ["kp.traces.dead-letter"]
+    said = [r.getMessage() for r in caplog.records if r.name == "worker.stream.permissions"]
+    assert said == [
+        "not authorized: Write on topic 'kp.traces.dead-letter'",
+        "authorized: Write on topic 'kp.traces.dead-letter'",
+    ]
+
+
+def test_a_command_that_gives_up_says_which_topic_was_refused(
+    monkeypatch: pytest.MonkeyPatch, quick_retries: None
+) -> None:
+    producer = RefusingProducer("kp.traces.dead-letter", 10**6)
+    monkeypatch.setattr(publisher, "AIOKafkaProducer", lambda **config: producer)
+    command = Publisher(load_settings(), give_up_after_seconds=0.05)
+    with pytest.raises(
+        KafkaError, match=r"not authorized: Write on topic 'kp\.traces\.dead-letter'"
+    ):
+        asyncio.run(command.publish([dead_letter()]))
 
 
 @pytest.fixture
