@@ -64,6 +64,10 @@ GROUP_REQUEST_TIMEOUT_SECONDS = 90.0
 # 20,000-trace backlog held 338-367 MB this way (median 353, 9 runs) against 363-397 MB
 # (median 378, 12 runs) without, at the same speed (bench/live_memory.py).
 MEMORY_TRIM_SECONDS = 1.0
+# How old the group consumer's view of the input topic may grow: partitions added to the topic,
+# or the topic recreated, are seen within this long and taken in the rebalance that follows
+# (faust's default is 5 min). One small metadata request per worker each time.
+METADATA_MAX_AGE_SECONDS = 10
 
 
 def _credentials(settings: Settings) -> Any:
@@ -154,6 +158,7 @@ class ScorerApp(faust.App):
             broker_max_poll_records=500,
             consumer_auto_offset_reset="earliest",
             consumer_max_fetch_size=settings.fetch_max_bytes,
+            consumer_metadata_max_age_ms=METADATA_MAX_AGE_SECONDS * 1000,
             producer_acks=-1,
             # The worker publishes through its own Publisher; should faust ever publish
             # (e.g. a table's changelog), it uses the same codec.

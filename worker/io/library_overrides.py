@@ -9,6 +9,8 @@ the library renames or reshapes a member used here. The other override, aiokafka
   ``_fetch_max_wait_ms`` / ``_fetch_max_bytes`` / ``_isolation_level``: the fetch wait and fetch
   size from the settings, and read_committed.
 - ``AIOKafkaConsumerThread._consumer`` / ``thread_loop``: pausing a partition's fetches.
+- ``AIOKafkaConsumerThread.seek_to_committed``: a partition without a committed offset goes
+  back to its log's start too.
 - ``AIOKafkaConsumerThread._fetch_records`` and the group coordinator's ``_pending_exception``,
   ``_coordination_task`` and ``check_errors``: a permission the broker refuses the consumer
   (reading the input, joining the group) is reported and asked again, never a crash or a hang.
@@ -63,6 +65,19 @@ class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         # A batch it cannot read, or that decompresses past KP_MAX_BATCH_BYTES, is dead letters.
         unreadable.install(settings.max_batch_bytes)
         return consumer
+
+    async def seek_to_committed(self) -> Mapping[TP, int]:
+        """faust's seek of every assigned partition to its committed offset, where one without
+        a committed offset (None, or 0, which aiokafka does not seek to either) goes back to
+        its log's start, as a new assignment starts it. faust seeks like this to take back
+        records it fetched and then dropped, because a rebalance had stopped its flow
+        meanwhile; a partition not seeking back lost them: a partition added to the input
+        topic lost its first records in 7 of 20 tries."""
+        committed = await super().seek_to_committed()
+        uncommitted = [tp for tp, offset in committed.items() if not offset]
+        if uncommitted:
+            await self.seek_to_beginning(*uncommitted)
+        return committed
 
     def set_fetching(self, tp: TP, fetching: bool) -> None:
         """Pause or resume fetching ``tp``; safe to call from the app's event loop."""

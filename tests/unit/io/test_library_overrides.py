@@ -145,3 +145,33 @@ def test_a_permission_refused_to_the_consumer_still_reaches_the_worker() -> None
     thread._consumer._coordinator._pending_exception = KafkaError("not ours")  # type: ignore[union-attr]
     thread._take_refusal()  # left for faust as before
     assert taken == ["taken"]
+
+
+def test_faust_still_drops_fetched_records_and_seeks_only_committed_partitions_back() -> None:
+    """``ScorerConsumerThread.seek_to_committed`` (its behaviour: the next test)."""
+    assert "perform_seek()" in source(faust_consumer.Consumer.getmany)
+    assert "seek_to_committed()" in source(faust_consumer.Consumer.perform_seek)
+    assert "if offset and offset > 0:" in source(aiokafka.AIOKafkaConsumer.seek_to_committed)
+    thread = faust_aiokafka.AIOKafkaConsumerThread
+    assert parameters(thread.seek_to_committed) == ["self"]
+    assert parameters(thread.seek_to_beginning) == ["self", "partitions"]
+
+
+def test_a_partition_without_a_committed_offset_goes_back_to_its_log_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    committed = {TP("raw", 0): 5, TP("raw", 1): None, TP("raw", 2): 0}
+    sought: list[tuple[TP, ...]] = []
+
+    async def seek_to_committed(self: object) -> dict[TP, int | None]:
+        return committed
+
+    async def seek_to_beginning(self: object, *partitions: TP) -> None:
+        sought.append(partitions)
+
+    thread_class = faust_aiokafka.AIOKafkaConsumerThread
+    monkeypatch.setattr(thread_class, "seek_to_committed", seek_to_committed)
+    monkeypatch.setattr(thread_class, "seek_to_beginning", seek_to_beginning)
+    thread = object.__new__(library_overrides.ScorerConsumerThread)
+    assert asyncio.run(thread.seek_to_committed()) == committed
+    assert sought == [(TP("raw", 1), TP("raw", 2))]
