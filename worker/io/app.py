@@ -39,7 +39,7 @@ from worker.io.kafka import (
     source_record,
     stop_all,
 )
-from worker.io.library_overrides import ScorerTransport
+from worker.io.library_overrides import ScorerConsumer, ScorerTransport
 from worker.io.publisher import Publisher
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
 from worker.logs import error_line, logging_config
@@ -226,6 +226,9 @@ class ScorerApp(faust.App):
             observer=observer,
             timing_header=settings.timing_header,
         )
+        # A partition whose log started over is committed anew in faust's bookkeeping too.
+        consumer: ScorerConsumer = self.consumer  # type: ignore[assignment]
+        self.stream_scorer.checkpoint.consumer_forget_offsets = consumer.forget_offsets
         observer.embedder_loaded(scorer.model_id, scorer.embedder_reason)
         log.info(
             "scorer ready",

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_SECONDS = 5.0
 FETCH_TIMEOUT_MS = 1000
 MAX_IDLE_FETCHES = 30
+# A log's end is known from the first fetch answered, records or none (an empty log).
+END_FETCH_TIMEOUT_MS = 100
 # Commands run by hand (replay, rescore) give up on an unreachable broker after this long,
 # reading (MAX_IDLE_FETCHES empty fetches), connecting (a request unanswered for this long:
 # aiokafka's own default waits 40 s) and publishing (records unacknowledged this long after
@@ -255,6 +257,18 @@ class PartitionLogReader:
     async def first_offset(self, topic: str, partition: int) -> int:
         tp = TopicPartition(topic, partition)
         return (await self._consumer.beginning_offsets([tp]))[tp]
+
+    async def log_end(self, topic: str, partition: int, near: int) -> int:
+        """The partition's end (high watermark) as a fetch from ``near`` reports it, exact on
+        every broker (an end-offsets request is not on some). A fetch past the end goes back to
+        the log's start, and reports the end as well."""
+        tp = TopicPartition(topic, partition)
+        self._consumer.assign([tp])  # a new assignment: no high watermark known yet
+        self._consumer.seek(tp, near)
+        async with asyncio.timeout(COMMAND_GIVE_UP_SECONDS):
+            while (end := self._consumer.highwater(tp)) is None:
+                await self._consumer.getmany(tp, timeout_ms=END_FETCH_TIMEOUT_MS, max_records=1)
+        return int(end)
 
     async def partitions(self, topic: str) -> list[int]:
         """The partitions of a topic (none when it does not exist), from the broker's metadata.

@@ -17,6 +17,8 @@ the library renames or reshapes a member used here. The other override, aiokafka
 - ``Consumer._new_consumer_thread`` and ``_buffered_partitions``: the thread above, and pausing
   a partition in the client while faust's buffer for it is full.
 - ``Consumer._commit``: every commit passes the checkpoint first (a commit never goes back).
+- ``Consumer._read_offset`` (read in ``getmany``) and ``_committed_offset``, ``_acked``,
+  ``_acked_index``, ``_gap``: a partition whose log started over is read and committed anew.
 - ``Consumer._to_message``: each message keeps the record's timestamp as Kafka has it.
 """
 
@@ -24,13 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiokafka
 from aiokafka.errors import TopicAuthorizationFailedError
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import TP, ConsumerMessage
+from faust.types import TP, ConsumerMessage, Message
 
 from worker.io import unreadable
 from worker.io.access import AUTHORIZATION_ERRORS, refusals
@@ -186,6 +188,32 @@ class ScorerConsumer(faust_aiokafka.Consumer):
         if stream is not None:
             stream.checkpoint.committing(offsets)
         return bool(await super()._commit(offsets))
+
+    async def getmany(self, timeout: float) -> AsyncIterator[tuple[TP, Message]]:
+        """faust's records, where one below the last record read of its partition goes on to
+        the worker too. The client goes back like that only to the log's start, when its
+        position has passed the log's end (topic recreated, log truncated): faust would drop
+        every record of the new log below that offset without a word, and take no
+        acknowledgement below the old log's committed offset (which its seek on assignment
+        may have set again since the worker forgot it). The worker's partitions are told
+        (``Partitions.consumer_sent_back``)."""
+        async for tp, message in super().getmany(timeout):
+            read = self._read_offset.get(tp)
+            if read is not None and message.offset < read:
+                self._read_offset[tp] = None
+                self.forget_offsets((tp.topic, tp.partition))
+                stream = self.app.stream_scorer  # type: ignore[attr-defined]
+                if stream is not None:
+                    stream.partitions.consumer_sent_back((tp.topic, tp.partition), read)
+            yield tp, message
+
+    def forget_offsets(self, tp: tuple[str, int]) -> None:
+        """The log of ``tp`` started over (``Checkpoint.log_restarted``): what faust knows of
+        its offsets is the old log's. faust acknowledges no offset below the last commit and
+        commits none below it; forgotten, the new log's are acknowledged and committed."""
+        key = TP(*tp)
+        for offsets in (self._committed_offset, self._acked, self._acked_index, self._gap):
+            offsets.pop(key, None)
 
     def take_refusal(self) -> None:
         """Report a permission the group coordinator was refused (ScorerConsumerThread)."""

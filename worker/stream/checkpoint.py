@@ -10,7 +10,9 @@ record's output. The whole protocol is here, in numbered steps.
    A record dropped (its partition revoked), failed or abandoned is never acknowledged.
 3. **Commit.** The consumer commits each partition up to its first unacknowledged offset;
    each commit passes :meth:`Checkpoint.committing` first, which refuses one that would take
-   a partition's committed offset backwards (:class:`CommitWentBackwards`).
+   a partition's committed offset backwards (:class:`CommitWentBackwards`), except for a
+   partition whose log started over (:meth:`Checkpoint.log_restarted`): its new log's offsets
+   are committed from its start, once what was in flight of the old log has settled.
 4. **Drain on stop.** :meth:`Checkpoint.close` takes no more records and gives those in flight
    a bounded time (:func:`drain_seconds`) to be published and acknowledged, so that the
    consumer's last commit covers them; whatever is still in flight then is abandoned
@@ -60,6 +62,9 @@ class Checkpoint:
         self._in_flight: dict[TopicPartition, set[asyncio.Future[object]]] = defaultdict(set)
         self._committed: dict[TopicPartition, int] = {}
         self._tasks: set[asyncio.Future[None]] = set()
+        # The consumer's own record of a partition's offsets, forgotten with ours when its log
+        # starts over (the app sets it: ``ScorerConsumer.forget_offsets``).
+        self.consumer_forget_offsets: Callable[[TopicPartition], None] | None = None
 
     # -- in flight ---------------------------------------------------------------------------
     def entered(self, tp: TopicPartition, published: asyncio.Future[Any]) -> None:
@@ -119,6 +124,15 @@ class Checkpoint:
                     f"{last}: records already committed would be delivered again"
                 )
             self._committed[key] = offset
+
+    async def log_restarted(self, tp: TopicPartition) -> None:
+        """tp's log started over (topic recreated, log truncated): once every record of the old
+        log still in flight here is published or dropped, the commits of the new log may go
+        below the old one's, here and in the consumer."""
+        await asyncio.gather(*list(self._in_flight[tp]), return_exceptions=True)
+        self._committed.pop(tp, None)
+        if self.consumer_forget_offsets is not None:
+            self.consumer_forget_offsets(tp)
 
     def assigned(self, partitions: Sequence[TopicPartition]) -> None:
         """Partitions no longer held start afresh: their next owner commits them."""

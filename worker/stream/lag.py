@@ -76,6 +76,14 @@ class PartitionLag:
                 state.position = position
                 state.note_caught_up(self._clock())
 
+    def restarted(self, tp: TopicPartition) -> None:
+        """tp's log started over: its old offsets (finished, log end) are another log's."""
+        with self._lock:
+            self._finished.pop(tp, None)
+            state = self._partitions.get(tp)
+            if state is not None:
+                state.position = state.log_end = None
+
     def finished(self, tp: TopicPartition, offset: int, timestamp_ms: int) -> bool:
         """The record at ``offset`` was published. Returns whether its timestamp was ahead of
         the clock (beyond :data:`FUTURE_TOLERANCE_SECONDS`)."""

@@ -87,6 +87,16 @@ gap_records = Counter(
     "kp_gap_records_total",
     "Records the consumer skipped that the worker read back from the log and scored",
 )
+records_lost = Counter(
+    "kp_records_lost_total",
+    "Input records deleted from the log (retention, delete-records) before the worker scored "
+    "them: never scored",
+)
+log_restarts = Counter(
+    "kp_log_restarts_total",
+    "Times an input partition's log went back below the offset the worker had reached (topic "
+    "recreated, log truncated); the partition is scored again from the new log",
+)
 publish_retries = Counter("kp_publish_retries_total", "Batches whose publish had to be retried")
 future_timestamps = Counter(
     "kp_future_timestamps_total",

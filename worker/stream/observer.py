@@ -160,5 +160,14 @@ class MetricsObserver:
     def gap_read(self, records: int) -> None:
         metrics.gap_records.inc(records)
 
+    def records_lost(self, records: int) -> None:
+        """Records deleted from the input log (retention, delete-records) before scored."""
+        metrics.records_lost.inc(records)
+
+    def log_restarted(self, tp: TopicPartition) -> None:
+        """tp's log started over: what was scored of the old one says nothing of the new."""
+        metrics.log_restarts.inc()
+        self.lag.restarted(tp)
+
     def publish_retried(self) -> None:
         metrics.publish_retries.inc()

@@ -5,7 +5,13 @@ offset to score, epoch and the order its records are scored in.
   its novelty cache is rebuilt from the records before the committed offset, exactly as live
   scoring left it.
 - Records the consumer skipped (between the next expected offset and a delivered one) are
-  read from the log, so none goes unscored; redelivered records are recognised.
+  read from the log, so none goes unscored; redelivered records are recognised. Skipped records
+  the log no longer holds (deleted by retention or delete-records before they were scored) are
+  counted as lost, with a warning line.
+- A log that went back below the offset the worker had reached (the topic deleted and
+  recreated, the log truncated) is noticed when a record below that offset arrives and the log
+  now ends below it too, which a redelivery never does: the partition starts over on the new
+  log (warning line, cache rebuilt from the new log only, commits allowed to go back).
 - Forgetting a partition (revocation, failure) bumps its epoch: work of an older epoch still
   in the pipeline leaves no state behind, and a rebuild under way for it is given up, as it is
   when the worker stops: its records are left to the partition's next owner.
@@ -17,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,6 +47,7 @@ REBUILD_STEP_TRACES = 32
 class LogReader(Protocol):
     async def committed(self, topic: str, partition: int) -> int | None: ...
     async def first_offset(self, topic: str, partition: int) -> int: ...
+    async def log_end(self, topic: str, partition: int, near: int) -> int: ...
     async def read(
         self, topic: str, partition: int, start: int, end: int
     ) -> list[SourceRecord]: ...
@@ -54,14 +61,30 @@ class Admitted:
     redelivered: list[SourceRecord] = field(default_factory=list)
 
 
+LogRestarted = Callable[[TopicPartition], Awaitable[None]]
+
+
 class Partitions:
     """State of every owned partition; reads of the log and rebuilds run one at a time."""
 
-    def __init__(self, scorer: Scorer, reader: LogReader, observer: MetricsObserver) -> None:
+    def __init__(
+        self,
+        scorer: Scorer,
+        reader: LogReader,
+        observer: MetricsObserver,
+        log_restarted: LogRestarted,
+    ) -> None:
+        """``log_restarted`` is awaited when a partition's log started over, once its state is
+        forgotten and before the new log's records are taken."""
         self.scorer = scorer
         self.reader = reader
         self.observer = observer
+        self.log_restarted = log_restarted
         self._next_offset: dict[TopicPartition, int] = {}
+        # The next offset each partition had reached, kept when it is forgotten: a log found
+        # below it later went back. And where the consumer was sent back from to its log start.
+        self._reached: dict[TopicPartition, int] = {}
+        self._sent_back: dict[TopicPartition, int] = {}
         self._epochs: dict[TopicPartition, int] = defaultdict(int)
         self._last_scored: dict[TopicPartition, asyncio.Future[None]] = {}
         self._assigned: set[TopicPartition] = set()
@@ -89,6 +112,11 @@ class Partitions:
         self._assigned = now
         self.observer.partitions_assigned(sorted(now))
         return gained
+
+    def consumer_sent_back(self, tp: TopicPartition, read: int) -> None:
+        """The consumer went back to tp's log start after delivering ``read``, which it does
+        only when its position has passed the log's end: the log went back."""
+        self._sent_back[tp] = read + 1
 
     def owned(self) -> list[TopicPartition]:
         return list(self._next_offset)
@@ -135,8 +163,11 @@ class Partitions:
         """Which of a partition's delivered records to score (with skipped ones from the log
         before them) and which were scored already. ``delivered`` is in offset order."""
         async with self._lock:
+            first = delivered[0].offset
+            if tp in self._next_offset:
+                await self._started_over(tp, first)  # forgotten if so: initialised anew below
             if tp not in self._next_offset and not self._stopping:
-                await self._initialise(tp, delivered[0].offset)
+                await self._initialise(tp, first)
             admitted = Admitted()
             if tp not in self._next_offset:
                 return admitted  # given up during its rebuild: its next owner scores these
@@ -149,12 +180,56 @@ class Partitions:
                     gap = await self._read_gap(tp, expected, record.offset)
                     admitted.to_score += gap
                 admitted.to_score.append(record)
-                self._next_offset[tp] = record.offset + 1
+                self._next_offset[tp] = self._reached[tp] = record.offset + 1
             return admitted
 
+    async def _started_over(self, tp: TopicPartition, offset: int) -> bool:
+        """Whether tp's log went back below the offset this worker had reached (its topic
+        recreated, its log truncated), ``offset`` being where reading it goes on: then the
+        partition is forgotten, with a warning line, and :attr:`log_restarted` awaited.
+
+        Below that offset is a redelivery, unless the log now ends below it too; the log's end
+        is asked only then (the consumer sent back to the log's start needs no asking).
+        """
+        sent_back = self._sent_back.pop(tp, None)
+        reached = self._reached.get(tp, sent_back)
+        if reached is None or offset >= reached:
+            return False
+        topic, partition = tp
+        end = await self.reader.log_end(topic, partition, reached - 1)
+        if end >= reached and sent_back is None:
+            return False
+        self._reached.pop(tp, None)
+        log.warning(
+            "input partition's log went back (topic recreated or log truncated); "
+            "scoring it again from the new log",
+            extra={"topic": topic, "partition": partition, "expected": reached, "log_end": end},
+        )
+        self.forget([tp])
+        await self.log_restarted(tp)
+        return True
+
     async def _read_gap(self, tp: TopicPartition, start: int, end: int) -> list[SourceRecord]:
-        """Records the consumer never delivered: read them from the log so none goes unscored."""
+        """Records the consumer never delivered: read them from the log so none goes unscored.
+        Those the log no longer holds (below its start) are lost, and counted."""
         gap = await self.reader.read(tp[0], tp[1], start, end)
+        if len(gap) < end - start:
+            # Holes above the log's start are transaction markers, aborted or compacted
+            # records: never records to score.
+            first = await self.reader.first_offset(tp[0], tp[1])
+            lost_until = min(first, gap[0].offset if gap else end)
+            if lost_until > start:
+                self.observer.records_lost(lost_until - start)
+                log.warning(
+                    "records deleted from the input log before they were scored",
+                    extra={
+                        "topic": tp[0],
+                        "partition": tp[1],
+                        "start": start,
+                        "end": lost_until,
+                        "records": lost_until - start,
+                    },
+                )
         if not gap:
             # Offsets that hold no record a consumer reads: a transaction's marker, a
             # producer's aborted records (read_committed), records compacted away.
@@ -183,6 +258,13 @@ class Partitions:
             start = first_delivered
         else:
             start = await self.reader.first_offset(topic, partition)
+        if await self._started_over(tp, start):
+            # The committed offset may be the old log's: the new one is read from its start, or
+            # from where the consumer went back to.
+            if first_delivered is None:
+                start = await self.reader.first_offset(topic, partition)
+            else:
+                start = first_delivered
         # Records of an earlier ownership still in the pipeline must not touch the new cache.
         self.forget([tp])
         epoch = self._epochs[tp]
@@ -194,7 +276,7 @@ class Partitions:
         if self._given_up(tp, epoch):  # nothing of it is kept
             self.scorer.drop_partition(tp)
             return
-        self._next_offset[tp] = start
+        self._next_offset[tp] = self._reached[tp] = start
         self.observer.lag.started(tp, start)  # lag is counted from here
         self.observer.cache_filled(tp, self.scorer.cache_size(tp))
 

@@ -76,7 +76,7 @@ class StreamScorer:
         self.checkpoint = Checkpoint(publisher)
         self.failures = failures or FailurePolicy()
         self.observer = observer or MetricsObserver()
-        self.partitions = Partitions(scorer, reader, self.observer)
+        self.partitions = Partitions(scorer, reader, self.observer, self._log_restarted)
         self.timing_header = timing_header
         self._embedding: dict[bytes, asyncio.Future[np.ndarray]] = {}
         self._slots = asyncio.Semaphore(max_in_flight_records)
@@ -91,6 +91,12 @@ class StreamScorer:
         at once, so the first record of each does not wait for its partition's rebuild."""
         self.checkpoint.assigned(partitions)
         self.checkpoint.spawn(self.partitions.prepare(self.partitions.assigned(partitions)))
+
+    async def _log_restarted(self, tp: TopicPartition) -> None:
+        """tp's log started over (:mod:`worker.stream.partitions` found it): its commits may go
+        back once the old log's records in flight have settled, and its lag starts afresh."""
+        await self.checkpoint.log_restarted(tp)
+        self.observer.log_restarted(tp)
 
     # -- processing -------------------------------------------------------------------------
     async def submit(

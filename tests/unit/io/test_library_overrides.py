@@ -147,6 +147,19 @@ def test_a_permission_refused_to_the_consumer_still_reaches_the_worker() -> None
     assert taken == ["taken"]
 
 
+def test_a_log_that_started_over_still_finds_fausts_offset_bookkeeping() -> None:
+    """``ScorerConsumer.getmany`` and ``forget_offsets`` (their behaviour:
+    tests/unit/io/test_log_restart_consumer.py)."""
+    drain = source(faust_consumer.Consumer._drain_messages)
+    assert "getmany = self.getmany" in drain
+    assert "get_read_offset = self._read_offset.__getitem__" in drain
+    assert "offset >= r_offset" in drain, "faust still drops records below the last one read"
+    built = source(faust_consumer.Consumer.__init__)
+    for member in ("_gap", "_acked", "_acked_index", "_read_offset", "_committed_offset"):
+        assert f"self.{member} = defaultdict(" in built
+    assert parameters(faust_consumer.Consumer.getmany) == ["self", "timeout"]
+
+
 def test_faust_still_drops_fetched_records_and_seeks_only_committed_partitions_back() -> None:
     """``ScorerConsumerThread.seek_to_committed`` (its behaviour: the next test)."""
     assert "perform_seek()" in source(faust_consumer.Consumer.getmany)

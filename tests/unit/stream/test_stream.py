@@ -62,6 +62,9 @@ class FakeLog:
     async def first_offset(self, topic: str, partition: int) -> int:
         return 0
 
+    async def log_end(self, topic: str, partition: int, near: int) -> int:
+        return 1 + max((r.offset for r in self.records if r.partition == partition), default=-1)
+
     async def read(self, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
         self.reads.append((start, end))
         return [r for r in self.records if r.partition == partition and start <= r.offset < end]
