@@ -85,6 +85,9 @@ class Partitions:
         # below it later went back. And where the consumer was sent back from to its log start.
         self._reached: dict[TopicPartition, int] = {}
         self._sent_back: dict[TopicPartition, int] = {}
+        # The offset reached that the log was last found to hold: the records redelivered
+        # after a rebalance (each its own admit) ask the log's end once, not each.
+        self._held: dict[TopicPartition, int] = {}
         self._epochs: dict[TopicPartition, int] = defaultdict(int)
         self._last_scored: dict[TopicPartition, asyncio.Future[None]] = {}
         self._assigned: set[TopicPartition] = set()
@@ -195,9 +198,12 @@ class Partitions:
         reached = self._reached.get(tp, sent_back)
         if reached is None or offset >= reached:
             return False
+        if sent_back is None and self._held.get(tp) == reached:
+            return False
         topic, partition = tp
         end = await self.reader.log_end(topic, partition, reached - 1)
         if end >= reached and sent_back is None:
+            self._held[tp] = reached
             return False
         self._reached.pop(tp, None)
         log.warning(
