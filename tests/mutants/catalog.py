@@ -501,4 +501,55 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         why="the first abort marker a read_committed fetch meets crashes the consumer",
     ),
+    Mutant(
+        name="lost-records-uncounted",
+        promise="Records deleted from the input log before they were scored are counted",
+        path="worker/stream/partitions.py",
+        old="            if lost_until > start:\n",
+        new="            if lost_until > end:\n",
+        tests=(
+            "tests/unit/stream/test_log_restarts.py::"
+            "test_records_deleted_before_they_were_scored_are_counted_lost",
+        ),
+        why="records retention deleted before they were scored vanish with no line and no count",
+    ),
+    Mutant(
+        name="restarted-log-taken-for-redeliveries",
+        promise="A partition whose log went back (topic recreated, truncated) is scored again "
+        "from the new log",
+        path="worker/stream/partitions.py",
+        old="        if end >= reached and sent_back is None:\n",
+        new="        if sent_back is None:\n",
+        tests=(
+            "tests/unit/stream/test_log_restarts.py::"
+            "test_a_recreated_log_is_scored_from_its_new_start",
+            "tests/broker/test_input_log_changes.py::"
+            "test_a_recreated_input_topic_is_scored_from_its_new_start",
+        ),
+        why="a recreated topic's records are taken for redeliveries: never scored, lag 0",
+    ),
+    Mutant(
+        name="added-partitions-seen-after-minutes",
+        promise="Partitions added to the input topic are scored within 30 s",
+        path="worker/io/app.py",
+        old="METADATA_MAX_AGE_SECONDS = 10\n",
+        new="METADATA_MAX_AGE_SECONDS = 300\n",
+        tests=(
+            "tests/broker/test_input_log_changes.py::"
+            "test_a_partition_added_while_the_worker_runs_is_scored_in_time",
+        ),
+        why="a partition added to the input topic waits up to 5 minutes for a reader",
+    ),
+    Mutant(
+        name="refused-permission-reads-ready",
+        promise="A permission the broker refuses is one line naming it, and /readyz fails",
+        path="worker/stream/permissions.py",
+        old='        if not refused:\n            return "ok"\n',
+        new='        if refused or not refused:\n            return "ok"\n',
+        tests=(
+            "tests/unit/stream/test_permissions.py::"
+            "test_readiness_fails_while_a_permission_is_refused",
+        ),
+        why="a worker refused Write on an output topic says it is ready while nothing publishes",
+    ),
 )
