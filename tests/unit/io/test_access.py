@@ -72,7 +72,7 @@ def test_the_start_waits_for_a_refused_topic_with_one_line_and_the_broker_reache
         return 1
 
     monkeypatch.setattr(app, "ensure_topics", ensure_topics)
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="worker")
     observer = MetricsObserver()
     asyncio.run(app._wait_for_kafka(load_settings(), observer, app.FailurePolicy()))
     said = [r.getMessage() for r in caplog.records if r.name == "worker.stream.permissions"]
@@ -102,7 +102,7 @@ def test_a_refused_connection_is_said_as_what_to_check(
 
     monkeypatch.setattr(app, "ensure_topics", ensure_topics)
     monkeypatch.setattr(app, "connection_refusal", diagnosed)
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="worker")
     asyncio.run(app._wait_for_kafka(load_settings(), MetricsObserver(), app.FailurePolicy()))
     (line,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert line.getMessage() == "Kafka refused the SASL credentials of user 'u'; retrying"
@@ -144,7 +144,7 @@ def test_an_output_topic_refused_is_named_retried_and_published_once_granted(
 ) -> None:
     producer = RefusingProducer("kp.traces.dead-letter", 3, before_sending)
     monkeypatch.setattr(publisher, "AIOKafkaProducer", lambda **config: producer)
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="worker")
     observer = MetricsObserver()
     asyncio.run(Publisher(load_settings(), observer=observer).publish([dead_letter()]))
     assert producer.sent == ["kp.traces.dead-letter"]

@@ -30,7 +30,7 @@ def lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
 def test_a_refusal_is_one_error_line_naming_the_operation_and_the_resource(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="worker")
     permissions = Permissions()
     for _ in range(3):  # asked again and refused again: still one line
         permissions.refused(READ_INPUT)
@@ -43,7 +43,7 @@ def test_a_refusal_is_one_error_line_naming_the_operation_and_the_resource(
 def test_what_worked_again_lifts_its_refusal_alone_with_one_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="worker")
     permissions = Permissions()
     permissions.refused(READ_INPUT)
     permissions.refused(READ_GROUP)
