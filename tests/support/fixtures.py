@@ -106,6 +106,8 @@ def chosen_broker() -> str:
         return choice
     if _docker_usable():
         return "docker"
+    if shutil.which("java") and shutil.which("mvn"):
+        return "kafka"
     return "embedded"
 
 
