@@ -35,20 +35,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from support.determinism import THINGS, TOOLS, VERBS
 from support.traces import make_trace
 
-VERBS = ("review", "debug", "summarise", "reconcile", "triage", "profile", "document")
-THINGS = (
-    "the login handler",
-    "invoice batch 7",
-    "ticket backlog",
-    "the SQL migration",
-    "payment retries",
-    "the cache layer",
-    "drug interaction list",
-    "quarterly report",
-)
-TOOLS = ("grep", "pytest", "sql_query", "http_get", "ledger_api", "ticket_search")
 DOMAINS = ("code", "finance", "support", "medical", "general")
 # librdkafka's own lines (a connection refused by the dead node, ...) go to logging, which
 # pytest shows with a failure, rather than to stderr.
