@@ -3,7 +3,7 @@ ZooKeeper, no Docker): one combined broker+controller node, or a cluster of thre
 
 The jars are Apache Kafka's own, from Maven Central, at the version pinned in
 ``tests/support/kafka/pom.xml``; the first use copies them into a cache folder
-(``KP_KAFKA_CACHE``, default ``~/.cache/kp-scorer/kafka``) and later uses take the cache without
+(``KAFKA_JARS_CACHE``, default ``~/.cache/kp-scorer/kafka``) and later uses take the cache without
 asking the network. Each node's data lives in a temporary folder removed on :meth:`stop`.
 
 By hand, a broker that runs until Ctrl-C and prints its bootstrap address::
@@ -54,7 +54,7 @@ def kafka_version() -> str:
 
 def kafka_jars() -> Path:
     """The folder of the pinned version's jars, copied from Maven on first use."""
-    cache = Path(os.environ.get("KP_KAFKA_CACHE", Path.home() / ".cache/kp-scorer/kafka"))
+    cache = Path(os.environ.get("KAFKA_JARS_CACHE", Path.home() / ".cache/kp-scorer/kafka"))
     libs = cache / kafka_version() / "libs"
     done = libs / ".complete"
     if done.exists():
