@@ -7,7 +7,7 @@ Which broker, in order:
 3. Apache Kafka as a JVM process (``support.apache_kafka``), where Java and Maven are installed.
 4. The embedded Kafka-compatible broker (``worker.dev.embedded_broker``), on a free loopback port.
 
-``KP_TEST_BROKER=docker``, ``=kafka`` or ``=embedded`` skips the detection and picks one of
+``KAFKA_TEST_BROKER=docker``, ``=kafka`` or ``=embedded`` skips the detection and picks one of
 the last three. The embedded broker's smoke tier (the demo's broker) takes
 ``embedded_bootstrap``, which is always that broker.
 """
@@ -101,7 +101,7 @@ def chosen_broker() -> str:
     when KAFKA_BOOTSTRAP_SERVERS names one)."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         return "external"
-    choice = os.environ.get("KP_TEST_BROKER", "").lower()
+    choice = os.environ.get("KAFKA_TEST_BROKER", "").lower()
     if choice in ("docker", "kafka", "embedded"):
         return choice
     if _docker_usable():
