@@ -44,8 +44,7 @@ from support.workers import worker_topics
 pytestmark = [
     pytest.mark.broker,
     pytest.mark.skipif(
-        chosen_broker() == "embedded"
-        or not (shutil.which("java") and shutil.which("mvn")),
+        chosen_broker() == "embedded" or not (shutil.which("java") and shutil.which("mvn")),
         reason="SASL_SSL and ACLs are tested on Apache Kafka, which needs Java 17+ and Maven "
         "(mvn); run with KAFKA_TEST_BROKER=kafka",
     ),
