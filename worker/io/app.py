@@ -383,8 +383,9 @@ def create_app(
             message = event.message
             app.observer.broker.fetched()
             await app.stream_scorer.submit(
-                # faust gives the timestamp in seconds.
-                [source_record(message, round((message.timestamp or 0) * 1000))],
+                # The record's own milliseconds (ScorerConsumer._to_message), never faust's
+                # seconds float.
+                [source_record(message)],
                 [message.time_in or time.monotonic()],
                 [functools.partial(manual.ack, event)],
             )

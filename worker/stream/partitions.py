@@ -220,8 +220,8 @@ class Partitions:
         Those the log no longer holds (below its start) are lost, and counted."""
         gap = await self.reader.read(tp[0], tp[1], start, end)
         if len(gap) < end - start:
-            # Holes above the log's start are transaction markers, aborted or compacted
-            # records: never records to score.
+            # Holes above the log's start are a transaction's marker, a producer's aborted
+            # records (read_committed) or records compacted away: none is a record to score.
             first = await self.reader.first_offset(tp[0], tp[1])
             lost_until = min(first, gap[0].offset if gap else end)
             if lost_until > start:
@@ -237,8 +237,6 @@ class Partitions:
                     },
                 )
         if not gap:
-            # Offsets that hold no record a consumer reads: a transaction's marker, a
-            # producer's aborted records (read_committed), records compacted away.
             return gap
         self.observer.gap_read(len(gap))
         log.warning(
