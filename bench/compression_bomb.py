@@ -82,7 +82,13 @@ async def main() -> None:
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap_servers
         worker = _worker.Worker(
-            bootstrap, **{**topics.worker_env(), "KP_INPUT_PARTITIONS": "1", **env}
+            bootstrap,
+            **{
+                **topics.worker_env(),
+                **broker.worker_settings,
+                "KP_INPUT_PARTITIONS": "1",
+                **env,
+            },
         )
         collector = _worker.OutputCollector(bootstrap, topics)
         try:

@@ -402,7 +402,11 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
         for config in configs:
             await _worker.create_topics(bootstrap, config.topics)
             # Each output carries its stages (kp-timing-ms), read back per record.
-            env = {"KP_TIMING_HEADER": "true", **config.env}
+            env = {
+                "KP_TIMING_HEADER": "true",
+                **(broker.worker_settings if isinstance(broker, EmbeddedBroker) else {}),
+                **config.env,
+            }
             config.worker = _worker.Worker(bootstrap, **config.topics.worker_env(), **env)
             with _machine.pinned(config.cpus):
                 config.worker.start()

@@ -44,7 +44,7 @@ async def main() -> None:
     broker.start()
     topics = _worker.Topics(f"bench-mem-{uuid.uuid4().hex[:8]}")
     worker_env = {**topics.worker_env(), "KP_INPUT_PARTITIONS": str(PARTITIONS), **env}
-    worker = _worker.Worker(broker.bootstrap_servers, **worker_env)
+    worker = _worker.Worker(broker.bootstrap_servers, **{**broker.worker_settings, **worker_env})
     try:
         await _worker.create_topics(broker.bootstrap_servers, topics, input_partitions=PARTITIONS)
         worker.start()

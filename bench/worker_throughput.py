@@ -151,7 +151,9 @@ async def run_worker(
     broker = EmbeddedBroker()
     broker.start()
     topics = _worker.Topics(f"bench-tp-{uuid.uuid4().hex[:8]}")
-    worker = _worker.Worker(broker.bootstrap_servers, **topics.worker_env(), **env)
+    worker = _worker.Worker(
+        broker.bootstrap_servers, **topics.worker_env(), **{**broker.worker_settings, **env}
+    )
     collector = _worker.OutputCollector(broker.bootstrap_servers, topics)
     # While the backlog runs, the outputs are only counted (the worker's /metrics, once a second),
     # and read once all are there: the rate comes from their broker timestamps, and reading

@@ -36,8 +36,11 @@ MEANINGS: dict[str, str] = {
         "records taken from the consumer and not yet published; the consumer waits above it"
     ),
     "fetch_max_wait_ms": (
-        "longest a fetch waits on the broker for records; a broker that answers only when the "
-        "wait runs out would hold each new record this long"
+        "longest a fetch waits on the broker for records. Apache Kafka answers as soon as a "
+        "record arrives, so the wait only spaces out the fetches of an idle worker (500 is "
+        "Kafka's own default; 20 cost the worker ~8 ms of CPU a trace at a quarter load: "
+        "bench/RESULTS.md). Set 20 on a broker that holds a fetch until the wait runs out, as "
+        "the embedded one does for several partitions (`kp-scorer demo` does)"
     ),
     "fetch_buffer_records": (
         "records taken from the broker and waiting for the pipeline; above 80 % of it a partition"
@@ -53,7 +56,18 @@ MEANINGS: dict[str, str] = {
     "heartbeat_interval_seconds": (
         "consumer group heartbeat interval (must be below `KP_SESSION_TIMEOUT_SECONDS`)"
     ),
-    "commit_interval_seconds": "how often acknowledged offsets are committed",
+    "commit_interval_seconds": (
+        "how often acknowledged offsets are committed; with `exactly_once`, how often each "
+        "partition's transaction commits, so how long its outputs stay invisible to "
+        "read_committed consumers"
+    ),
+    "processing_guarantee": (
+        "`at_least_once`: after a crash or rebalance a consumer of the outputs may see a "
+        "trace's output twice (identical); `exactly_once`: each partition's outputs and offset "
+        "commit in one Kafka transaction, and read_committed consumers see each output once "
+        '(docs/worker.md, "Exactly once"). Needs a broker with transactions: refused at '
+        "start on the embedded one"
+    ),
     "shutdown_timeout_seconds": (
         "after SIGTERM/SIGINT the worker exits by this deadline whatever the broker does (code 75"
         " if it ran out; uncommitted records are redelivered); keep it under the pod's grace "

@@ -104,13 +104,14 @@ class Settings(BaseSettings):
     replication_factor: int = Field(default=1, gt=0, le=16)
     # Each holds its input and output (3 MiB at most by default); far fewer keep the runs busy.
     max_in_flight_records: int = Field(default=16, gt=0, le=10_000)
-    fetch_max_wait_ms: int = Field(default=20, ge=0, le=10_000)
+    fetch_max_wait_ms: int = Field(default=500, ge=0, le=10_000)
     fetch_buffer_records: int = Field(default=64, ge=8, le=100_000)
     # 6 s to 30 min, Apache Kafka's default group.min/max.session.timeout.ms: a broker refuses
     # a member outside them at its first join (INVALID_SESSION_TIMEOUT), after start-up.
     session_timeout_seconds: float = Field(default=10.0, ge=6, le=1800)
     heartbeat_interval_seconds: PositiveFloat = 1.0
     commit_interval_seconds: PositiveFloat = 1.0
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
     # A second SIGTERM exits at once; running out of time exits with code 75. At most an hour:
     # a stop needs seconds, and far more overflows the deadline's timer (1e10 s never fired).
     shutdown_timeout_seconds: float = Field(default=20.0, gt=0, le=3600)

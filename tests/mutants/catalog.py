@@ -17,6 +17,13 @@ CACHE_BOUNDARIES = (
     "tests/unit/core/test_cache.py::"
     "test_a_batch_sees_stored_entries_up_to_their_ttl_and_capacity_boundaries"
 )
+EXACTLY_ONCE_ZOMBIE = (
+    "tests/broker/test_exactly_once.py::"
+    "test_a_zombies_transaction_is_aborted_and_its_late_commit_refused"
+)
+EXACTLY_ONCE_WORKER = (
+    "tests/broker/test_exactly_once.py::test_a_worker_in_exactly_once_mode_scores_each_record_once"
+)
 BROKER_KILL = f"{AT_LEAST_ONCE_BROKER}::test_a_kill_while_outputs_wait_on_the_broker_loses_nothing"
 BROKER_SIGTERM = (
     f"{AT_LEAST_ONCE_BROKER}::test_a_sigterm_while_outputs_wait_on_the_broker_commits_none_of_them"
@@ -551,5 +558,73 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_readiness_fails_while_a_permission_is_refused",
         ),
         why="a worker refused Write on an output topic says it is ready while nothing publishes",
+    ),
+    Mutant(
+        name="offsets-left-out-of-the-transaction",
+        promise="Exactly-once: a partition's input offset commits in the same transaction as "
+        "its outputs",
+        path="worker/io/transactions.py",
+        old="""\
+                await owned.producer.send_offsets_to_transaction(
+                    {TopicPartition(*tp): offset}, self._group_id
+                )
+                await owned.producer.commit_transaction()
+""",
+        new="""\
+                await owned.producer.commit_transaction()
+""",
+        tests=(EXACTLY_ONCE_ZOMBIE, EXACTLY_ONCE_WORKER),
+        why="the outputs commit without the offsets they answer: a restart scores them again",
+    ),
+    Mutant(
+        name="offsets-committed-outside-the-transaction",
+        promise="Exactly-once: nothing commits input offsets but the partitions' transactions",
+        path="worker/io/library_overrides.py",
+        old="""\
+                return False
+            return True
+""",
+        new="""\
+                return False
+            return bool(await super()._commit(offsets))
+""",
+        tests=(
+            "tests/unit/io/test_library_overrides.py::"
+            "test_exactly_once_commits_offsets_only_in_the_partitions_transactions",
+        ),
+        why="the consumer also commits acknowledged offsets itself, whether or not the "
+        "transaction holding their outputs commits",
+    ),
+    Mutant(
+        name="producers-started-after-the-offset-read",
+        promise="Exactly-once: a partition's previous owner is fenced before its committed "
+        "offset is read",
+        path="worker/io/library_overrides.py",
+        old="""\
+        if transactions is not None:
+            await transactions.fence((tp.topic, tp.partition) for tp in self.assignment())
+        await super().perform_seek()
+""",
+        new="""\
+        await super().perform_seek()
+        if transactions is not None:
+            await transactions.fence((tp.topic, tp.partition) for tp in self.assignment())
+""",
+        tests=(
+            "tests/unit/io/test_library_overrides.py::"
+            "test_exactly_once_fences_the_previous_owners_before_reading_committed_offsets",
+        ),
+        why="the new owner reads the committed offset while the previous owner may still "
+        "commit a transaction: its outputs are scored and published again",
+    ),
+    Mutant(
+        name="zombie-allowed-to-commit",
+        promise="Exactly-once: a worker whose partition moved away commits nothing more of it",
+        path="worker/io/transactions.py",
+        old='        return f"{self._group_id}:{tp[0]}:{tp[1]}"\n',
+        new='        return f"{self._group_id}:{tp[0]}:{tp[1]}:{id(self)}"\n',
+        tests=(EXACTLY_ONCE_ZOMBIE,),
+        why="each worker's transactional id is its own, so taking a partition over fences "
+        "nobody: the paused worker's outputs commit beside the new owner's",
     ),
 )

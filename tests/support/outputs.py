@@ -48,13 +48,16 @@ async def collect_outputs_async(
     expected: set[tuple[int, int]],
     timeout: float = 60.0,
     settle: float = 1.0,
+    isolation_level: str = "read_uncommitted",
 ) -> list[Output]:
     """All outputs (duplicates included) until every expected (partition, offset) is seen.
 
     ``topics`` maps output topic -> decision. Reads ``settle`` seconds more after that, so
     unexpected extra outputs are caught too.
     """
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level=isolation_level
+    )
     await consumer.start()
     try:
         deadline = time.monotonic() + timeout
@@ -84,8 +87,11 @@ def collect_outputs(
     expected: set[tuple[int, int]],
     timeout: float = 60.0,
     settle: float = 1.0,
+    isolation_level: str = "read_uncommitted",
 ) -> list[Output]:
-    return asyncio.run(collect_outputs_async(bootstrap, topics, expected, timeout, settle))
+    return asyncio.run(
+        collect_outputs_async(bootstrap, topics, expected, timeout, settle, isolation_level)
+    )
 
 
 def first_by_source(outputs: list[Output]) -> dict[tuple[int, int], Output]:

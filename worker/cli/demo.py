@@ -264,7 +264,7 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
         asyncio.run(ensure_topics(settings, list(output_topics(settings).values())))
         # A new file each run: demos side by side (or another user's) never share one.
         log = temporary_log("kp-scorer-demo-worker-")
-        plaintext = {"KP_SECURITY_PROTOCOL": "PLAINTEXT"}
+        plaintext = {"KP_SECURITY_PROTOCOL": "PLAINTEXT", **broker.worker_settings}
         with WorkerProcess(broker.bootstrap_servers, log_path=log, **plaintext) as worker:
             port = worker.metrics_port
             cli.say(

@@ -6,6 +6,9 @@
   stops the worker: that record is not acknowledged, so it and every later record of its
   partition are delivered again to the next worker. Going on would leave a gap behind a
   committed offset.
+- A partition lost to another worker while its records were in flight (exactly-once: the
+  other worker fenced this one) drops them, unacknowledged: the partition's new owner scores
+  them, and this worker goes on with its other partitions.
 - A consumer error (the broker unreachable while probing or fetching) is counted and the
   worker goes on: the Kafka client reconnects by itself, and nothing was taken that is not
   delivered again.
@@ -25,6 +28,10 @@ log = logging.getLogger(__name__)
 Stop = Callable[[BaseException], object]
 
 
+class PartitionLost(Exception):
+    """The partition belongs to another worker now: its records here are dropped."""
+
+
 class FailurePolicy:
     """The policy above, as one object: ``stop`` ends the worker, ``unreachable`` counts the
     broker unreachable; offline scoring has neither."""
@@ -39,7 +46,9 @@ class FailurePolicy:
         return dead_letter(record, InternalScoringError(f"scoring failed: {exc!r}"[:300]))
 
     def publish_failed(self, record: SourceRecord, exc: BaseException) -> None:
-        """The broker did not take a record's output: stop."""
+        """The broker did not take a record's output: stop, unless the partition is lost."""
+        if isinstance(exc, PartitionLost):
+            return
         self._stop_worker(record, exc)
 
     def processing_failed(self, record: SourceRecord, exc: BaseException) -> None:

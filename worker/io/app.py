@@ -42,6 +42,7 @@ from worker.io.kafka import (
 from worker.io.library_overrides import ScorerConsumer, ScorerTransport
 from worker.io.publisher import Publisher
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
+from worker.io.transactions import TransactionalPublisher
 from worker.logs import error_line, logging_config
 from worker.memory import release_freed_memory
 from worker.retry import backoff
@@ -183,6 +184,8 @@ class ScorerApp(faust.App):
         self.stream_scorer: StreamScorer | None = None
         self.left_uncommitted: list[tuple[str, int]] = []
         self._publisher: Publisher | None = None
+        # Exactly-once only: the publisher, which owns each partition's transaction.
+        self.transactions: TransactionalPublisher | None = None
         self._reader: PartitionLogReader | None = None
         self._http: http.OpsServer | None = None
         self._ticker: asyncio.Future[None] | None = None
@@ -213,7 +216,11 @@ class ScorerApp(faust.App):
             log.warning(
                 "embedder unavailable; novelty is 0.5", extra={"reason": scorer.embedder_reason}
             )
-        self._publisher = Publisher(settings, observer=observer)
+        if settings.processing_guarantee == "exactly_once":
+            self.transactions = TransactionalPublisher(settings, observer=observer)
+            self._publisher = self.transactions
+        else:
+            self._publisher = Publisher(settings, observer=observer)
         self._reader = PartitionLogReader(settings, group_id=settings.group_id)
         await self._publisher.start()
         await self._reader.start()
@@ -238,6 +245,7 @@ class ScorerApp(faust.App):
                 "model": scorer.model_id,
                 "metrics_port": settings.metrics_port,
                 "idempotent_publishing": self._publisher.idempotent,
+                "processing_guarantee": settings.processing_guarantee,
             },
         )
 
@@ -382,6 +390,10 @@ def create_app(
             assert app.stream_scorer is not None
             message = event.message
             app.observer.broker.fetched()
+            if app.transactions is not None and not app.transactions.owns(
+                (message.topic, message.partition)
+            ):
+                continue  # fenced by the partition's new owner: its records are not ours
             await app.stream_scorer.submit(
                 # The record's own milliseconds (ScorerConsumer._to_message), never faust's
                 # seconds float.
@@ -400,8 +412,16 @@ def create_app(
         app.observer.permissions.granted(Refusal("Read", "group", settings.group_id))
         log.info("partitions assigned", extra={"partitions": now_assigned})
 
+    async def on_revoked(sender: Any, revoked: set[TP], **_: Any) -> None:
+        # Exactly-once: what the revoked partitions published so far is committed now, so
+        # their next owner starts after it instead of scoring it again.
+        if app.transactions is not None:
+            await app.transactions.commit()
+            await app.transactions.release([(tp.topic, tp.partition) for tp in revoked])
+
     # faust types a receiver as taking a keyword ``signal``; ours takes it in ``**_``.
     app.on_partitions_assigned.connect(on_assigned)  # type: ignore[arg-type]
+    app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
 
     @app.timer(PROBE_INTERVAL_SECONDS)
     async def probe_broker() -> None:

@@ -16,7 +16,10 @@ the library renames or reshapes a member used here. The other override, aiokafka
   (reading the input, joining the group) is reported and asked again, never a crash or a hang.
 - ``Consumer._new_consumer_thread`` and ``_buffered_partitions``: the thread above, and pausing
   a partition in the client while faust's buffer for it is full.
-- ``Consumer._commit``: every commit passes the checkpoint first (a commit never goes back).
+- ``Consumer._commit``: every commit passes the checkpoint first (a commit never goes back);
+  with exactly-once, the offsets are committed in the partitions' transactions instead.
+- ``Consumer.perform_seek``: with exactly-once, the partitions' previous owners are fenced
+  before the committed offsets are read.
 - ``Consumer._read_offset`` (read in ``getmany``) and ``_committed_offset``, ``_acked``,
   ``_acked_index``, ``_gap``: a partition whose log started over is read and committed anew.
 - ``Consumer._to_message``: each message keeps the record's timestamp as Kafka has it.
@@ -30,7 +33,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiokafka
-from aiokafka.errors import TopicAuthorizationFailedError
+from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, ConsumerMessage, Message
 
@@ -187,7 +190,28 @@ class ScorerConsumer(faust_aiokafka.Consumer):
         stream = self.app.stream_scorer  # type: ignore[attr-defined]
         if stream is not None:
             stream.checkpoint.committing(offsets)
+        transactions = self.app.transactions  # type: ignore[attr-defined]
+        if transactions is not None:
+            # Exactly-once: each partition's offset goes in its transaction, with its outputs;
+            # a plain commit here could cover outputs that a failed transaction then drops.
+            try:
+                await transactions.commit()
+            except KafkaError as exc:
+                # Aborted: its records were acknowledged here, so only a restart from the
+                # committed offsets scores them again (faust's own commit crashes alike).
+                await self.crash(exc)
+                return False
+            return True
         return bool(await super()._commit(offsets))
+
+    async def perform_seek(self) -> None:
+        """faust's seek to the committed offsets, where with exactly-once each partition's
+        previous owner is fenced first (``TransactionalPublisher.fence``): its open transaction
+        ends before its committed offset is read, and a late commit of its is refused."""
+        transactions = self.app.transactions  # type: ignore[attr-defined]
+        if transactions is not None:
+            await transactions.fence((tp.topic, tp.partition) for tp in self.assignment())
+        await super().perform_seek()
 
     async def getmany(self, timeout: float) -> AsyncIterator[tuple[TP, Message]]:
         """faust's records, where one below the last record read of its partition goes on to

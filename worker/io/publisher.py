@@ -58,11 +58,12 @@ class Publisher:
         self.idempotent = settings.producer_idempotence != "off"
         self._producer = self._new_producer()
 
-    def _new_producer(self) -> AIOKafkaProducer:
+    def _new_producer(self, transactional_id: str | None = None) -> AIOKafkaProducer:
         return AIOKafkaProducer(
             **client_config(self._settings),
             acks="all",
-            enable_idempotence=self.idempotent,
+            enable_idempotence=self.idempotent or transactional_id is not None,
+            transactional_id=transactional_id,
             # A record is sent as soon as it is ready: each one waits on its own ack inside
             # its 100 ms budget, and a burst still shares requests (records queue while
             # one is in flight to the broker). A 2 ms linger made the publish stage 3.7-4.7 ms
@@ -98,13 +99,16 @@ class Publisher:
         """Close the producer, started or not (see :meth:`PartitionLogReader.stop`)."""
         await stop_client(self._producer, "publisher")
 
-    async def _send(self, record: RoutedRecord) -> asyncio.Future[Any]:
-        """Hand one record to the producer. One it refuses (too large; neither key nor value;
-        anything but a KafkaError) would be refused on every try and restart: it is replaced
-        by a smaller dead letter (``_smaller``). Another KafkaError is the client's state (a
-        timeout, a stopped producer), not the record's: it propagates."""
+    async def _send(
+        self, record: RoutedRecord, producer: AIOKafkaProducer | None = None
+    ) -> asyncio.Future[Any]:
+        """Hand one record to ``producer`` (else the publisher's own). One it refuses (too
+        large; neither key nor value; anything but a KafkaError) would be refused on every try
+        and restart: it is replaced by a smaller dead letter (``_smaller``). Another KafkaError
+        is the client's state (a timeout, a stopped producer), not the record's: it
+        propagates."""
         try:
-            return await self._producer.send(
+            return await (producer or self._producer).send(
                 self._topics[record.decision],
                 value=record.value,
                 key=record.key,
@@ -132,7 +136,7 @@ class Publisher:
                 "error": type(refusal).__name__,
             },
         )
-        return await self._send(smaller)
+        return await self._send(smaller, producer)
 
     def _smaller(self, record: RoutedRecord, refusal: Exception) -> RoutedRecord | None:
         """What to publish instead of a refused record: too large, the same without its value

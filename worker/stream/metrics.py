@@ -97,6 +97,17 @@ log_restarts = Counter(
     "Times an input partition's log went back below the offset the worker had reached (topic "
     "recreated, log truncated); the partition is scored again from the new log",
 )
+transactions = Counter(
+    "kp_transactions_total",
+    "Exactly-once transactions (a partition's outputs and its offset) by outcome: committed, "
+    "aborted (fenced by another worker, failed, or open at a stop: redelivered)",
+    ["outcome"],
+)
+transaction_commit_seconds = Histogram(
+    "kp_transaction_commit_seconds",
+    "Exactly-once: time to add a partition's offset to its transaction and commit it",
+    buckets=LATENCY_BUCKETS,
+)
 publish_retries = Counter("kp_publish_retries_total", "Batches whose publish had to be retried")
 future_timestamps = Counter(
     "kp_future_timestamps_total",

@@ -171,3 +171,12 @@ class MetricsObserver:
 
     def publish_retried(self) -> None:
         metrics.publish_retries.inc()
+
+    def transaction_committed(self, seconds: float) -> None:
+        """Exactly-once: a partition's outputs and offset committed, in ``seconds``."""
+        metrics.transactions.labels("committed").inc()
+        metrics.transaction_commit_seconds.observe(seconds)
+
+    def transaction_aborted(self) -> None:
+        """Exactly-once: an open transaction given up (fenced, failed, or at a stop)."""
+        metrics.transactions.labels("aborted").inc()

@@ -441,6 +441,7 @@ def test_demo_without_traces_errs_on_stderr(
 
 
 class FakeBroker:
+    worker_settings: ClassVar[dict[str, str]] = {}
     bootstrap_servers = "127.0.0.1:9"
 
     def start(self) -> None:

@@ -5,6 +5,7 @@ that renames or reshapes one fails here, not silently in production."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 from types import SimpleNamespace
 
@@ -68,6 +69,66 @@ def test_every_commit_still_goes_through_commit() -> None:
     assert library_overrides.ScorerTransport.Consumer is library_overrides.ScorerConsumer
 
 
+def test_the_assignment_still_reads_committed_offsets_through_perform_seek() -> None:
+    """Where exactly-once fences each partition's previous owner
+    (``ScorerConsumer.perform_seek``)."""
+    assert parameters(faust_consumer.Consumer.perform_seek) == ["self"]
+    assert "self.seek_to_committed()" in source(faust_consumer.Consumer.perform_seek)
+    recovery = inspect.getsource(importlib.import_module("faust.tables.recovery"))
+    assert "consumer.perform_seek()" in recovery
+
+
+def test_exactly_once_fences_the_previous_owners_before_reading_committed_offsets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[object] = []
+
+    async def perform_seek(self: object) -> None:
+        calls.append("committed offsets read")
+
+    class Transactions:
+        async def fence(self, partitions: object) -> None:
+            calls.append(("fenced", sorted(partitions)))  # type: ignore[call-overload]
+
+    monkeypatch.setattr(faust_consumer.Consumer, "perform_seek", perform_seek)
+    consumer = object.__new__(library_overrides.ScorerConsumer)
+    consumer.app = SimpleNamespace(transactions=Transactions())
+    monkeypatch.setattr(
+        library_overrides.ScorerConsumer, "assignment", lambda self: {TP("raw", 1), TP("raw", 0)}
+    )
+    asyncio.run(consumer.perform_seek())
+    assert calls == [("fenced", [("raw", 0), ("raw", 1)]), "committed offsets read"]
+
+    calls.clear()
+    consumer.app = SimpleNamespace(transactions=None)  # at least once: nothing to fence
+    asyncio.run(consumer.perform_seek())
+    assert calls == ["committed offsets read"]
+
+
+def test_exactly_once_commits_offsets_only_in_the_partitions_transactions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plain: list[object] = []
+
+    async def commit(self: object, offsets: object) -> bool:
+        plain.append(offsets)
+        return True
+
+    class Transactions:
+        committed = 0
+
+        async def commit(self) -> dict[tuple[str, int], int]:
+            self.committed += 1
+            return {("raw", 0): 5}
+
+    monkeypatch.setattr(faust_aiokafka.Consumer, "_commit", commit)
+    consumer = object.__new__(library_overrides.ScorerConsumer)
+    transactions = Transactions()
+    consumer.app = SimpleNamespace(stream_scorer=None, transactions=transactions)
+    assert asyncio.run(consumer._commit({TP("raw", 0): 5}))
+    assert (transactions.committed, plain) == (1, []), "no plain commit beside the transaction"
+
+
 def test_every_message_is_still_built_by_to_message_from_the_clients_record() -> None:
     """``ScorerConsumer._to_message`` keeps the record's integer timestamp on each message
     (tests/unit/io/test_record_timestamps.py runs it on every int64)."""
@@ -96,7 +157,9 @@ def test_a_commit_that_would_go_backwards_never_reaches_the_broker(
     monkeypatch.setattr(faust_aiokafka.Consumer, "_commit", commit)
     checkpoint = Checkpoint(publisher=SimpleNamespace())  # type: ignore[arg-type]
     consumer = object.__new__(library_overrides.ScorerConsumer)
-    consumer.app = SimpleNamespace(stream_scorer=SimpleNamespace(checkpoint=checkpoint))
+    consumer.app = SimpleNamespace(
+        stream_scorer=SimpleNamespace(checkpoint=checkpoint), transactions=None
+    )
     partition = TP("raw", 0)
 
     assert asyncio.run(consumer._commit({partition: 5}))
