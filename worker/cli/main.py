@@ -3,6 +3,7 @@ settings, check, model build."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 import os
@@ -53,6 +54,8 @@ EXIT_UNREACHABLE = 1
 EXIT_IO_ERROR = 1
 # Ctrl-C: what a shell reports for a command ended by SIGINT.
 EXIT_INTERRUPTED = 128 + 2
+# `report` read no scored output and no dead letter (raw traces, an empty file or range).
+EXIT_NOTHING_TO_REPORT = 1
 # `check` found something this installation cannot do.
 EXIT_CHECK_FAILED = 1
 # faust's --loglevel knows crit/error/warn/info/debug, not Python's WARNING.
@@ -374,7 +377,23 @@ class Command(click.Command):
         return super().invoke(ctx)
 
 
-class Group(click.Group):
+class SuggestingGroup(click.Group):
+    """A group that answers a misspelt command with the closest one ("Did you mean 'score'?"),
+    as click does for a misspelt option: click 8 has no suggestion for commands."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0]
+        unknown = not name.startswith("-") and self.get_command(ctx, name) is None
+        if unknown and not ctx.resilient_parsing:
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=1)
+            if close:
+                ctx.fail(f"No such command {name!r}. Did you mean {close[0]!r}?")
+        return super().resolve_command(ctx, args)
+
+
+class Group(SuggestingGroup):
     """The commands, each loaded from its module when named (it imports what only it needs)."""
 
     modules: ClassVar = {"score": "score", "worker": "service", "demo": "demo"}

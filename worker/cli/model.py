@@ -24,7 +24,7 @@ RECIPE_HELP = {
 }
 
 
-@click.group(help="build the model file the worker loads")
+@click.group(cls=cli.SuggestingGroup, help="build the model file the worker loads")
 def model() -> None:
     """``model build [--int8 RECIPE] [--from MODEL] -o FILE``."""
 
@@ -35,8 +35,8 @@ def model() -> None:
     "point KP_MODEL_PATH at FILE",
     help="Build the model the worker loads as it is. Without --int8: the packaged "
     "model, streamlined (the same vectors). With --int8: its integer-arithmetic engine "
-    "(faster, slightly different novelty: README, 'A faster model'); the worker loads "
-    "such a model only with KP_EMBED_BATCH_SIZE=1.",
+    "(faster, slightly different novelty: docs/model.md, 'A faster model'); the worker "
+    "loads such a model only with KP_EMBED_BATCH_SIZE=1.",
 )
 @click.option(
     "--int8",

@@ -4,6 +4,7 @@ of a file's bytes and lines (``score``, ``rescore``, ``report``) or of a topic r
 
 from __future__ import annotations
 
+import codecs
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,10 @@ from worker.logs import error_line
 from worker.settings import Settings
 
 T = TypeVar("T")
+
+# How much of a file's start decides whether it is JSON lines at all (as grep decides that a
+# file is binary from its first buffer): a later line that is not UTF-8 is one bad record.
+HEAD_BYTES = 8192
 
 
 class OutputUnwritableError(Exception):
@@ -79,13 +84,45 @@ def read_lines_with_progress(
         bars.TransferSpeedColumn(),
         bars.TextColumn("{task.fields[lines]} lines"),
     )
-    with stream, _bar(verb, *columns, quiet=quiet, total=total, lines=0) as progress:
+    with stream:
+        _refuse_other_files(stream, cli.name_of(file))
+        with _bar(verb, *columns, quiet=quiet, total=total, lines=0) as progress:
 
-        def advance(lines: int, size: int) -> None:
-            task = progress.tasks[0]
-            progress.update(task.id, advance=size, lines=task.fields["lines"] + lines)
+            def advance(lines: int, size: int) -> None:
+                task = progress.tasks[0]
+                progress.update(task.id, advance=size, lines=task.fields["lines"] + lines)
 
-        return run(stream, advance)
+            return run(stream, advance)
+
+
+def first_bad_line(head: bytes) -> str | None:
+    """Why the start of a file is not JSON lines, naming its first bad line (1-based), or None.
+    JSON text is UTF-8 and never holds a NUL byte (it escapes control characters): a start
+    that breaks either is another kind of file (an image, an archive, UTF-16 text). The last
+    line of ``head`` may be cut inside a character, which is not held against it."""
+    lines = head.split(b"\n")
+    for number, line in enumerate(lines, 1):
+        try:
+            codecs.getincrementaldecoder("utf-8")().decode(line, final=number < len(lines))
+        except UnicodeDecodeError:
+            return f"line {number} is not UTF-8"
+        if b"\0" in line:
+            return f"line {number} holds a NUL byte"
+    return None
+
+
+def _refuse_other_files(stream: BinaryIO, name: str) -> None:
+    """End the command (exit 2) before anything is written when the input is not UTF-8 JSON
+    lines (a binary file): otherwise every line of it became an error line of its own. Looks
+    at what the stream holds already, without consuming it. Not judged: a terminal (a person
+    typing, whose Ctrl-D a look ahead would take, leaving the read to wait for another) and
+    a stream that cannot be peeked (as in tests)."""
+    peek = getattr(stream, "peek", None)
+    if peek is None or stream.isatty():
+        return
+    problem = first_bad_line(bytes(peek(HEAD_BYTES)[:HEAD_BYTES]))
+    if problem is not None:
+        cli.fail(f"{name} is not UTF-8 JSON lines ({problem}); give a JSONL file")
 
 
 def with_record_progress(

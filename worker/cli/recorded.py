@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
@@ -253,6 +253,8 @@ def report(
     scores = ScoreReport()
     every = (settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic)
     source = recorded.read(settings, rescorer, None, quiet, scores, every)
+    if not scores.rescored and not scores.dead_letters:
+        _nothing_to_report(scores, source, recorded.from_topics)
     numbers = scores.report_json(rescorer.threshold, dict(rescorer.domain_thresholds))
     if output is not None:
         try:
@@ -267,3 +269,37 @@ def report(
     if as_json:
         cli.print_json({"source": source, **numbers})
     return 0
+
+
+def _nothing_to_report(scores: RescoreSummary, source: str, from_topics: bool) -> NoReturn:
+    """End `report` in one line (exit 1, no page written) when no record read was a scored
+    output or a dead letter: raw traces given for scored ones, or an empty file or range,
+    made a page of empty charts that exited 0 ("0 scored records")."""
+    from worker.core.rescoring import Unrescorable
+
+    if not scores.records:
+        cli.fail(f"no records in {source}: nothing to report", cli.EXIT_NOTHING_TO_REPORT)
+    reasons = ", ".join(
+        f"{reason} {count}" for reason, count in sorted(scores.unrescorable.items())
+    )
+    # The hint for the commonest reason: raw traces (or the input topic), or outputs that
+    # cannot be re-scored (scored without a model, by an older scorer, ...).
+    most = scores.unrescorable.most_common(1)[0][0]
+    if most == Unrescorable.NO_EMBEDDER:
+        how = (
+            "outputs scored without a model (--no-embedder) have no novelty to re-score from: "
+            "score the traces with the model"
+        )
+    elif most != Unrescorable.NOT_AN_OUTPUT:
+        how = "`kp-scorer rescore` of the same input shows why, with examples"
+    elif from_topics:
+        how = "read the output topics (accepted, rejected, dead letters), not the input topic"
+    else:
+        how = (
+            "score traces first: `kp-scorer score FILE > scored.jsonl`, then "
+            "`kp-scorer report scored.jsonl`"
+        )
+    cli.fail(
+        f"no scored outputs in {source} ({scores.records} records read: {reasons}); {how}",
+        cli.EXIT_NOTHING_TO_REPORT,
+    )

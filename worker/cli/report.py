@@ -186,7 +186,8 @@ th, td { padding: 0.2rem 0.7rem; text-align: right; border-bottom: 1px solid #ee
 th:first-child, td:first-child { text-align: left; }
 figure.chart { margin: 0.5rem 0 1.5rem; }
 figure.chart svg { max-width: 100%; height: auto; }
-figcaption { color: #555; font-size: 0.85rem; }
+figcaption, .note { color: #555; font-size: 0.85rem; }
+.wide { overflow-x: auto; }  /* a column per domain: scrolls rather than overflows the page */
 """
 
 
@@ -236,7 +237,9 @@ def render_html(numbers: dict[str, Any], source: str, now: datetime | None = Non
         for name, domain in numbers["domains"].items()
     ]
     drawn = list(numbers["domains"])[:MAX_DOMAINS_DRAWN]
-    curves = [numbers["acceptance"], *(numbers["domains"][d]["acceptance"] for d in drawn)]
+    # Every domain, not only those drawn: the table is where a domain past the 8th has its
+    # acceptance at each threshold.
+    curves = [numbers["acceptance"], *(d["acceptance"] for d in numbers["domains"].values())]
     grid_rows = [
         [
             f"{point['threshold']:.2f}",
@@ -262,7 +265,7 @@ def render_html(numbers: dict[str, Any], source: str, now: datetime | None = Non
             "dashed: the domain's threshold."
             + (
                 f" The {len(drawn)} largest of {len(numbers['domains'])} domains (all of them in "
-                "the tables and in --json)."
+                "the Domains and Acceptance tables and in --json)."
                 if len(drawn) < len(numbers["domains"])
                 else ""
             ),
@@ -285,8 +288,10 @@ def render_html(numbers: dict[str, Any], source: str, now: datetime | None = Non
             "novelty_sources",
             "Novelty sources",
             _bar_chart(figure, numbers["novelty_sources"], "records", "none"),
-            "embedding: measured against the domain's recent traces; empty_cache: the first "
-            "trace of its domain on its partition.",
+            "embedding: measured against the recent traces of the same input partition "
+            "(one novelty cache per partition, whatever their domains); empty_cache: that "
+            "cache held no live trace (the partition's first, or all expired): novelty 0.5; "
+            "no_embedder: scored without a model: novelty 0.5.",
         ),
         _chart(
             "dead_letters",
@@ -312,7 +317,8 @@ kp-scorer {html.escape(__version__)} · {generated}</p>
 {_table(["domain", "scored", "threshold", "accepted", "share", "mean", "median"], domain_rows)}
 {"".join(sections)}
 <h2>Acceptance table</h2>
-{_table(["threshold", "all domains", *drawn], grid_rows)}
+<p class="note">Share of scored records accepted at each threshold, every domain.</p>
+<div class="wide">{_table(["threshold", "all domains", *numbers["domains"]], grid_rows)}</div>
 </body>
 </html>
 """

@@ -6,16 +6,22 @@
 - ``kp-scorer --help`` names every command with its whole description.
 - A range has one start and one end: an offset and a time for the same end is a usage error
   naming both flags.
+- A section a help points to ("docs/model.md, 'A faster model'") exists; a misspelt command
+  is answered with the closest one.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from worker.cli.main import kp_scorer, main
+
+from support.paths import REPO
 
 
 @pytest.fixture(autouse=True)
@@ -205,3 +211,54 @@ def test_an_offset_range_of_one_offset_is_read() -> None:
     args = ["--from-topics", "--to-offset", "4", "--from-offset", "3"]
     with found.make_context("report", args) as ctx:
         assert (ctx.params["from_offset"], ctx.params["to_offset"]) == (3, 4)
+
+
+def help_texts() -> dict[str, str]:
+    """The help of every command and subcommand, by its name as typed."""
+    texts = {}
+    for name in kp_scorer.list_commands(None):  # type: ignore[arg-type]
+        command = kp_scorer.get_command(None, name)  # type: ignore[arg-type]
+        assert command is not None
+        texts[name] = command.help or ""
+        if isinstance(command, click.Group):
+            for sub, inner in command.commands.items():
+                texts[f"{name} {sub}"] = inner.help or ""
+    return texts
+
+
+def test_the_sections_that_help_points_to_exist() -> None:
+    """`model build --help` sent a reader to "README, 'A faster model'", a section that
+    moved to docs/model.md: every "FILE, 'Heading'" in a help names a heading there."""
+    pointers = [
+        (command, file, heading)
+        for command, text in help_texts().items()
+        for file, heading in re.findall(r"(README|[\w/]+\.md), '([^']+)'", " ".join(text.split()))
+    ]
+    assert ("model build", "docs/model.md", "A faster model") in pointers
+    for command, file, heading in pointers:
+        path = REPO / ("README.md" if file == "README" else file)
+        headings = re.findall(r"^#+ (.+?)\s*$", path.read_text(), flags=re.MULTILINE)
+        assert heading in headings, f"{command} --help: {file} has no heading {heading!r}"
+
+
+@pytest.mark.parametrize(
+    ("args", "suggested"),
+    [(["scroe"], "score"), (["reprot"], "report"), (["model", "biuld"], "build")],
+)
+def test_a_misspelt_command_gets_the_closest_one(
+    args: list[str], suggested: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"Error: No such command {args[-1]!r}. Did you mean {suggested!r}?" in err
+
+
+def test_a_command_like_no_other_gets_no_guess(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["xyzzy"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "No such command 'xyzzy'." in err
+    assert "Did you mean" not in err

@@ -224,3 +224,30 @@ def test_paths_are_printed_as_written(
     page = tmp_path / "runs[/page].html"
     assert main(["report", str(source), "--output", str(page), "--quiet"]) == 0
     assert f"from {source} written to {page}" in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_acceptance_table_has_every_domain_and_the_captions_say_what_is_shown(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """With more domains than the 8 drawn, the acceptance table kept only those 8 while the
+    caption said the tables had all of them; novelty was said to be measured against "the
+    domain's recent traces", where the cache is the input partition's."""
+    domains = [f"domain-{index:02}" for index in range(11)]
+    edited = []
+    for index, line in enumerate(corpus.read_bytes().splitlines()[:440]):
+        document = orjson.loads(line)
+        if "trace" in document:
+            document["trace"]["metadata"]["task_domain"] = domains[index % len(domains)]
+        edited.append(orjson.dumps(document))
+    scored = tmp_path / "scored.jsonl"
+    scored.write_bytes(b"\n".join(edited) + b"\n")
+    page = tmp_path / "report.html"
+    assert main(["report", str(scored), "--output", str(page), "--quiet"]) == 0
+    text = page.read_text()
+    table = text.split("<h2>Acceptance table</h2>")[1]
+    header = re.findall(r"<th>([^<]*)</th>", table.split("</thead>")[0])
+    assert header[:2] == ["threshold", "all domains"]
+    assert sorted(header[2:]) == domains  # largest first, as in the Domains table
+    assert "The 8 largest of 11 domains (all of them in the Domains and Acceptance tables" in text
+    assert "domain's recent traces" not in text
+    assert "recent traces of the same input partition" in text
