@@ -6,6 +6,7 @@ never touches a metric itself. The default observer writes the Prometheus metric
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Sequence
 
@@ -19,6 +20,9 @@ from worker.stream.permissions import Permissions
 from worker.stream.timing import RecordTiming
 
 TopicPartition = tuple[str, int]
+# A file path in a reason (``/models/minilm/model.onnx``, ``models/x.onnx``): the port shows
+# its file name only, since the path says where the operator keeps the files.
+FILE_PATH = re.compile(r"[^\s'\"(),:]*/[^\s'\"(),:]*[^\s'\"(),:./]")
 
 
 class MetricsObserver:
@@ -79,7 +83,9 @@ class MetricsObserver:
         metrics.fetch_paused.set(len(self._fetch_paused))
 
     def embedder_loaded(self, model_id: str | None, reason: str | None) -> None:
-        """The scorer is ready, with a model or without one (and why)."""
+        """The scorer is ready, with a model (its id, a name) or without one, and why: the
+        reason (which the log line has in full) with file names for paths."""
+        reason = reason and FILE_PATH.sub(lambda path: path[0].rsplit("/", 1)[1], reason)
         metrics.embedder_up.set(1 if model_id else 0)
         metrics.embedder_info.info({"model": model_id or "", "reason": reason or ""})
         self.health.scorer_ready(model_id, reason)
