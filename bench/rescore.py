@@ -35,7 +35,8 @@ import worker  # noqa: F401  (sets OPENBLAS_NUM_THREADS=1 before numpy loads, as
 # isort: on
 import orjson
 
-from worker.cli.score import LineRecords, score_lines
+from worker.cli.score import score_lines
+from worker.core.records import LineRecords
 from worker.core.scorer import build_scorer
 from worker.settings import load_settings
 

@@ -22,10 +22,9 @@ from typing import Any, TypeAlias
 
 import orjson
 
-from worker.cli.score import LineRecords
 from worker.core.cache import PartitionCaches
 from worker.core.errors import InvalidJsonError, TraceError
-from worker.core.records import Decision, RoutedRecord, SourceRecord
+from worker.core.records import Decision, LineRecords, RoutedRecord, SourceRecord
 from worker.core.rescoring import NotRescored, Rescorer
 from worker.core.schema import json_path
 from worker.core.scorer import Scorer, build_scorer

@@ -9,7 +9,8 @@ import uuid
 import orjson
 import pytest
 
-from worker.cli.score import LineRecords, score_lines
+from worker.cli.score import score_lines
+from worker.core.records import LineRecords
 from worker.core.scorer import build_scorer
 from worker.dev.process import WorkerProcess
 from worker.settings import load_settings

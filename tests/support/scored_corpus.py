@@ -9,8 +9,9 @@ import uuid
 
 import orjson
 
-from worker.cli.score import LineRecords, score_lines
+from worker.cli.score import score_lines
 from worker.core.cache import PartitionCaches
+from worker.core.records import LineRecords
 from worker.core.scorer import Scorer, build_scorer
 from worker.settings import load_settings
 

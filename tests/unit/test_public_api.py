@@ -437,3 +437,16 @@ def test_the_package_says_it_is_typed() -> None:
     assert (Path(worker.__file__).parent / "py.typed").is_file()
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["worker"]
+
+
+def test_importing_the_api_loads_no_command_line() -> None:
+    """The API sits below the command line: a fresh interpreter importing it loads neither
+    click nor rich, nor any module of ``worker.cli``."""
+    code = "import json, sys, worker.api; print(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = orjson.loads(result.stdout)
+    assert "worker.api" in loaded
+    assert [m for m in loaded if m.split(".")[0] in ("click", "rich") or "worker.cli" in m] == []

@@ -18,12 +18,12 @@ from typing import Any
 import click
 import numpy as np
 
-from worker import __version__
 from worker.cli import main as cli
 from worker.embedding import DIMENSIONS, EmbedderConfig, EmbedderUnavailable, open_embedder
 from worker.embedding.files import resolve_model
 from worker.logs import one_line
 from worker.settings import Settings
+from worker.version import __version__
 
 # Every codec a Kafka record batch may carry (the batch attribute's compression bits).
 KAFKA_CODECS = ("gzip", "snappy", "lz4", "zstd")

@@ -10,10 +10,8 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
-from datetime import datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
+from typing import IO, Any, ClassVar, NoReturn, TypeVar
 
 import click
 import orjson
@@ -21,9 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from worker import __version__
 from worker.cli import stdio
-from worker.cli.range_values import iso_time, offset, partition_list
 from worker.logs import configure_logging, error_line
 from worker.settings import (
     RepeatedKeyError,
@@ -33,9 +29,7 @@ from worker.settings import (
     unique_keys,
     unknown_variables,
 )
-
-if TYPE_CHECKING:
-    from worker.io.kafka import PartitionLogReader
+from worker.version import __version__
 
 # Error lines stay whole (not wrapped at 80 columns) when stderr goes to a file or a log.
 err_console = Console(stderr=True, soft_wrap=True)
@@ -72,7 +66,6 @@ def checked_settings(
     name, validated before anything starts; an error names the flag or variable it came from.
     Then the command's logging: ``logs`` "human" (plain lines), "json" or None (none set up);
     ``quieter``: the default level INFO logs at WARNING (a command that reads a backlog)."""
-    from worker.cli.model import int8_batch_problem
     from worker.core.scoring import ProfileError, load_profiles
     from worker.io.tls import tls_problem
 
@@ -88,7 +81,12 @@ def checked_settings(
         settings = load_settings(flags, **overrides)
     except SettingsError as exc:
         fail(str(exc))
-    problem = int8_batch_problem(settings) or tls_problem(settings)
+    problem = tls_problem(settings)
+    # Only an operator's model, run batched, can be int8 and batched: the import loads onnxruntime.
+    if settings.model_path is not None and settings.embed_batch_size != 1:
+        from worker.embedding.files import int8_batch_problem
+
+        problem = int8_batch_problem(settings) or problem
     if problem is not None:
         fail(f"invalid configuration:\n  {problem}")
     try:
@@ -214,97 +212,6 @@ def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
         return command
 
     return apply
-
-
-def _exclusive_with(other: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
-    """A callback that refuses its flag next to ``other`` (one start, one end of a range), and
-    an offset range with no offset in it (it read nothing, and replay made its topics)."""
-
-    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        if value is not None and ctx.params.get(other[2:].replace("-", "_")) is not None:
-            raise click.UsageError(f"{param.opts[0]} is not allowed with {other}", ctx)
-        given = {**ctx.params, str(param.name): value}  # the flags read so far, and this one
-        start, end = given.get("from_offset"), given.get("to_offset")
-        if start is not None and end is not None and end <= start:
-            raise click.UsageError(f"--to-offset {end} is not after --from-offset {start}", ctx)
-        return value
-
-    return check
-
-
-def range_options(what: str) -> Callable[[F], F]:
-    """The offsets or times, and partitions, of the topics a command reads (``what`` names its
-    records: the traces replay reads, or the outputs rescore and report read)."""
-    bounds = [
-        ("--from-offset", offset, "--from-time", "first offset (default: the beginning)"),
-        ("--from-time", iso_time, "--from-offset", f"first {what} at or after this ISO time"),
-        ("--to-offset", offset, "--to-time", "stop before this offset"),
-        ("--to-time", iso_time, "--to-offset", f"stop at the first {what} at or after this"),
-    ]
-    return options(
-        *(
-            click.option(
-                flag,
-                type=kind,
-                metavar="TIME" if kind is iso_time else "OFFSET",
-                callback=_exclusive_with(other),
-                help=text,
-            )
-            for flag, kind, other, text in bounds
-        ),
-        click.option(
-            "--partitions",
-            type=partition_list,
-            metavar="LIST",
-            help="e.g. 0,2 (default: all)",
-        ),
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class TopicRange:
-    """What `replay`, `rescore` and `report` read of each partition of their topics (the range
-    flags): an offset or time range (times are the records', when they were published)."""
-
-    topics: Sequence[str]
-    partitions: Sequence[int] | None = None
-    from_offset: int | None = None
-    from_time: datetime | None = None
-    to_offset: int | None = None  # exclusive
-    to_time: datetime | None = None  # exclusive
-
-    async def plan(self, reader: PartitionLogReader) -> tuple[list[tuple[str, int, int]], int]:
-        """(topic, partition, start offset) of each partition read, leaving out those with no
-        record at or after --from-time, and the most partitions a topic has; a topic or a
-        partition that does not exist is a ValueError (a bad range: exit 2)."""
-        plan = []
-        widest, from_ms = 1, epoch_ms(self.from_time)
-        for topic in self.topics:
-            available = await reader.partitions(topic)
-            if not available:
-                raise ValueError(f"topic {topic!r} does not exist or has no partitions")
-            missing = sorted(set(self.partitions or ()) - set(available))
-            if missing:
-                raise ValueError(f"topic {topic!r} has no partitions {missing}")
-            widest = max(widest, len(available))
-            for partition in self.partitions or available:
-                start = await reader.range_start(topic, partition, self.from_offset, from_ms)
-                if start is not None:
-                    plan.append((topic, partition, start))
-        return plan, widest
-
-    def total(self, plan: list[tuple[str, int, int]]) -> int | None:
-        """How many records the plan reads, known when the range ends at an offset."""
-        if self.to_offset is None:
-            return None
-        return sum(max(0, self.to_offset - start) for _, _, start in plan)
-
-
-RANGE_FLAGS = tuple(field.name for field in fields(TopicRange) if field.name != "topics")
-
-
-def epoch_ms(moment: datetime | None) -> int | None:
-    return None if moment is None else int(moment.timestamp() * 1000)
 
 
 # The weight profiles and accept threshold a command scores with, over the settings'.

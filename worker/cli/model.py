@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from worker.cli import main as cli
-
-if TYPE_CHECKING:
-    from worker.settings import Settings
 
 # The recipes of worker.embedding.build.int8.RECIPES (tests check the two agree).
 RECIPE_HELP = {
@@ -67,27 +63,3 @@ def build(int8: str | None, source: Path | None, output: Path) -> int:
     note = f"wrote {built.path} and {built.sidecar}; set KP_MODEL_PATH={built.path}"
     print(note, file=sys.stderr)
     return 0
-
-
-def int8_batch_problem(settings: Settings) -> str | None:
-    """Why the settings cannot run their model: an int8 model (its sidecar says so) with
-    more than one text a run. A start-up error rather than a model left unloaded: the
-    setting is what is wrong, not the file (the loader refuses it too)."""
-    if settings.model_path is None or settings.embed_batch_size == 1:
-        return None
-    from worker.embedding.config import EmbedderConfig
-    from worker.embedding.files import INT8, resolve_model
-    from worker.embedding.protocol import EmbedderUnavailable
-
-    config = EmbedderConfig(model_path=settings.model_path, model_sha256=settings.model_sha256)
-    try:
-        model = resolve_model(config)
-    except EmbedderUnavailable:  # the loader says why, with the rest of the model's checks
-        return None
-    if model.engine != INT8:
-        return None
-    return (
-        f"KP_EMBED_BATCH_SIZE: {settings.model_path} is an int8 model ({model.model_id}) "
-        "and needs KP_EMBED_BATCH_SIZE=1: its activation scale spans a whole run, so a "
-        "batched text's vector would depend on the others in its batch"
-    )

@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 
 from worker.cli import main as cli
-from worker.cli import progress
+from worker.cli import progress, ranges
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Recorded:
             )
             return cli.name_of(self.file)
         topics = self.topics or default_topics or (settings.accepted_topic, settings.rejected_topic)
-        scope = cli.TopicRange(topics=list(topics), **self.scope)
+        scope = ranges.TopicRange(topics=list(topics), **self.scope)
         prefix = self.output_prefix
         progress.with_record_progress(
             "rescoring",
@@ -127,7 +127,7 @@ def recorded_outputs(topics: str, default_topics: str) -> Callable[[cli.F], cli.
     def gather(command: cli.F) -> cli.F:
         @functools.wraps(command)
         def gathered(file: str | None, from_topics: bool, topics: tuple[str, ...], **flags: Any):
-            scope = {name: flags.pop(name) for name in cli.RANGE_FLAGS}
+            scope = {name: flags.pop(name) for name in ranges.RANGE_FLAGS}
             prefix = flags.pop("output_prefix", None)
             return command(Recorded(file, from_topics, topics, scope, prefix), **flags)
 
@@ -147,7 +147,7 @@ def recorded_outputs(topics: str, default_topics: str) -> Callable[[cli.F], cli.
             multiple=True,
             help=f"with --from-topics: a topic to read (repeatable; default: {default_topics})",
         ),
-        cli.range_options("output"),
+        ranges.range_options("output"),
         gather,
     )
 

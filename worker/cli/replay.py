@@ -20,7 +20,7 @@ import click
 import orjson
 
 from worker.cli import main as cli
-from worker.cli import progress
+from worker.cli import progress, ranges
 from worker.core.output import output_topics, prefixed_topics
 from worker.core.records import Decision, RoutedRecord
 from worker.core.rescoring import DELTA_BINS, delta_bin, delta_rows
@@ -74,7 +74,7 @@ async def original_decisions(
 async def _replay(
     settings: Settings,
     scorer: Scorer,
-    scope: cli.TopicRange,
+    scope: ranges.TopicRange,
     output_prefix: str,
     on_progress: Callable[[int, int | None], None] | None = None,
 ) -> ReplaySummary:
@@ -96,7 +96,7 @@ async def _replay(
         total = scope.total(plan)
         if on_progress:
             on_progress(0, total)
-        end_ms = cli.epoch_ms(scope.to_time)
+        end_ms = ranges.epoch_ms(scope.to_time)
         for _, partition, start in plan:
             async for chunk in iterate.iter_range(
                 topic, partition, start, scope.to_offset, end_ms, end_may_pass_the_log=True
@@ -136,7 +136,7 @@ def _tally(
     help="re-score a range of a topic into PREFIX.accepted/.rejected/.dead-letter",
 )
 @click.option("--topic", required=True, help="topic to re-score")
-@cli.range_options("record")
+@ranges.range_options("record")
 @click.option(
     "--output-prefix",
     type=cli.topic_prefix,
@@ -161,7 +161,7 @@ def replay(
             f"--output-prefix {output_prefix!r} would write into a topic being read or a live topic"
         )
     scorer = build_scorer(settings)
-    scope = cli.TopicRange(topics=[topic], **bounds)
+    scope = ranges.TopicRange(topics=[topic], **bounds)
     summary = progress.with_record_progress(
         "replaying",
         settings,

@@ -13,8 +13,8 @@ import io
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from worker import __version__
 from worker.core.score_report import DIMENSIONS
+from worker.version import __version__
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from worker.cli import main as cli
-from worker.cli import progress
+from worker.cli import progress, ranges
 from worker.core.output import ERROR_KIND_HEADER
 from worker.core.records import Decision
 from worker.core.rescoring import (
@@ -94,7 +94,7 @@ def rescore_stream(
 async def rescore_topics(
     settings: Settings,
     rescorer: Rescorer,
-    scope: cli.TopicRange,
+    scope: ranges.TopicRange,
     output_prefix: str | None,
     out: IO[bytes] | None,
     on_progress: Callable[[int, int | None], None],
@@ -131,7 +131,7 @@ async def rescore_topics(
             await publisher.start()
         total = scope.total(plan)
         on_progress(0, total)
-        from_ms, end_ms = cli.epoch_ms(scope.from_time), cli.epoch_ms(scope.to_time)
+        from_ms, end_ms = ranges.epoch_ms(scope.from_time), ranges.epoch_ms(scope.to_time)
         for topic, partition, start in plan:
             async for chunk in reader.iter_range(
                 topic, partition, start, scope.to_offset, end_ms, end_may_pass_the_log=True

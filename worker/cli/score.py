@@ -4,7 +4,8 @@ Each line is one record. Without ``partition_by`` every line shares one cache (o
 partition); with it, lines whose value at that dotted path (e.g. ``metadata.agent_id``) is
 equal share a cache, as records with one key share a Kafka partition. Event time for the
 optional TTL is ``metadata.created_at`` (a file has no record timestamps); the line's
-0-based index is its offset.
+0-based index is its offset. ``worker.core.records.LineRecords`` reads the lines, as it reads
+the Python API's traces.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from itertools import islice
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,14 +22,10 @@ import orjson
 
 from worker.cli import main as cli
 from worker.cli import progress
-from worker.core.records import Decision, RoutedRecord, SourceRecord
+from worker.core.records import Decision, LineRecords, RoutedRecord
 from worker.core.scorer import Scorer
 
 CHUNK_LINES = 32
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# The Gregorian calendar repeats every 400 years, leap days included: year 0000, which RFC
-# 3339 allows and datetime cannot hold, is read as year 0400, one cycle earlier.
-_GREGORIAN_CYCLE = timedelta(days=146_097)
 
 
 @dataclass
@@ -57,80 +53,6 @@ class OfflineSummary:
         scores = self.scores
         mean = f"mean score {sum(scores) / len(scores):.4f}" if scores else "no scored lines"
         return f"scored {self.lines} lines: {decisions}; {mean}"
-
-
-_ABSENT = object()
-
-
-def _find(document: Any, dotted: str) -> Any:
-    """The value at a dotted path, or ``_ABSENT`` where the path does not exist."""
-    for part in dotted.split("."):
-        if not isinstance(document, dict) or part not in document:
-            return _ABSENT
-        document = document[part]
-    return document
-
-
-def _event_time_ms(document: Any) -> int:
-    created = _find(document, "metadata.created_at")
-    if not isinstance(created, str):
-        return 0
-    # RFC 3339 allows a lower-case t and z, which fromisoformat refuses, and a leap second
-    # (23:59:60), which datetime cannot hold: it is read as the second after 23:59:59, added
-    # to the interval (the one after 9999-12-31T23:59:59 is past datetime's range).
-    text, shift = created.upper(), timedelta(0)
-    if text[16:19] == ":60":
-        text, shift = f"{text[:17]}59{text[19:]}", timedelta(seconds=1)
-    if text.startswith("0000"):
-        text, shift = f"0400{text[4:]}", shift - _GREGORIAN_CYCLE
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return 0
-    if moment.tzinfo is None:
-        # A time without an offset is UTC, not this machine's zone: scores may not depend on
-        # where the file is scored.
-        moment = moment.replace(tzinfo=UTC)
-    # Integer arithmetic: float seconds * 1000 truncates about 1 % of times 1 ms short.
-    return (moment - _EPOCH + shift) // timedelta(milliseconds=1)
-
-
-class LineRecords:
-    """Turns numbered lines into SourceRecords, assigning partitions by key value."""
-
-    def __init__(self, source_name: str, partition_by: str | None) -> None:
-        self.source_name = source_name
-        self.partition_by = partition_by
-        self._partitions: dict[str, int] = {}
-        # Lines that hold the ``partition_by`` field: none means a misspelt path, under which
-        # every line shared one cache.
-        self.lines_with_field = 0
-
-    def record(self, index: int, line: bytes) -> SourceRecord:
-        try:
-            document = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            document = None
-        partition = 0
-        if self.partition_by is not None:
-            value = _find(document, self.partition_by)
-            if value is _ABSENT:
-                value = None
-            else:
-                self.lines_with_field += 1
-            try:
-                key = orjson.dumps(value).decode()
-            except orjson.JSONEncodeError:  # nested too deep to write back: one shared group
-                key = "<unserialisable>"
-            partition = self._partitions.setdefault(key, len(self._partitions))
-        return SourceRecord(
-            topic=self.source_name,
-            partition=partition,
-            offset=index,
-            timestamp_ms=_event_time_ms(document),
-            key=None,
-            value=line,
-        )
 
 
 def output_line(routed: RoutedRecord) -> bytes:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from worker import __version__
 from worker.core.errors import InternalScoringError, OutputTooLargeError, TraceError
 from worker.core.records import (
     OTHER_DOMAIN,
@@ -25,6 +24,7 @@ from worker.core.records import (
 )
 from worker.core.scoring import ScoreBreakdown
 from worker.core.trace import Trace
+from worker.version import __version__
 
 if TYPE_CHECKING:
     from worker.settings import Settings

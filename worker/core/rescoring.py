@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from worker import __version__
 from worker.core.errors import TraceError
 from worker.core.output import HEADER_PREFIX, producer_headers, scored_value, verdict_headers
 from worker.core.records import Decision, RoutedRecord, SourceRecord
@@ -38,6 +37,7 @@ from worker.core.scoring import (
     score_trace,
 )
 from worker.core.trace import Trace
+from worker.version import __version__
 
 if TYPE_CHECKING:
     from worker.settings import Settings

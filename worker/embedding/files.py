@@ -7,10 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from worker.embedding.config import EmbedderConfig
 from worker.embedding.protocol import EmbedderUnavailable
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
 
 # The sidecar's format: `model build` writes it, the loader reads it.
 SIDECAR_FORMAT = 1
@@ -132,3 +135,23 @@ def verified_sha256(path: Path, expected: str | None) -> str:
             "(wrong or damaged file; set KP_MODEL_SHA256 if you replaced it on purpose)"
         )
     return actual
+
+
+def int8_batch_problem(settings: Settings) -> str | None:
+    """Why the settings cannot run their model: an int8 model (its sidecar says so) with
+    more than one text a run. A start-up error rather than a model left unloaded: the
+    setting is what is wrong, not the file (the loader refuses it too)."""
+    if settings.model_path is None or settings.embed_batch_size == 1:
+        return None
+    config = EmbedderConfig(model_path=settings.model_path, model_sha256=settings.model_sha256)
+    try:
+        model = resolve_model(config)
+    except EmbedderUnavailable:  # the loader says why, with the rest of the model's checks
+        return None
+    if model.engine != INT8:
+        return None
+    return (
+        f"KP_EMBED_BATCH_SIZE: {settings.model_path} is an int8 model ({model.model_id}) "
+        "and needs KP_EMBED_BATCH_SIZE=1: its activation scale spans a whole run, so a "
+        "batched text's vector would depend on the others in its batch"
+    )

@@ -25,7 +25,6 @@ import faust
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from faust.types import TP, TransportT
 
-from worker import __version__
 from worker.core.failures import FailurePolicy
 from worker.core.output import output_topics
 from worker.core.scorer import build_scorer
@@ -51,6 +50,7 @@ from worker.stream.checkpoint import CONFIRM_SECONDS, drain_seconds, unconfirmed
 from worker.stream.observer import MetricsObserver
 from worker.stream.permissions import Refusal
 from worker.stream.processor import StreamScorer
+from worker.version import __version__
 
 log = logging.getLogger(__name__)
 

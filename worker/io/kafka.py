@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -26,9 +26,6 @@ from worker.core.records import SourceRecord
 from worker.io import unreadable
 from worker.io.tls import TLS_PROTOCOLS, tls_context
 from worker.settings import Settings
-
-if TYPE_CHECKING:
-    from worker.io.publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +56,13 @@ async def stop_client(client: AIOKafkaConsumer | AIOKafkaProducer, name: str) ->
         log.warning("%s did not stop cleanly", name, extra={"error": repr(exc)[:300]})
 
 
-async def stop_all(*clients: PartitionLogReader | Publisher | None) -> None:
+class Stoppable(Protocol):
+    """A reader or publisher: what :func:`stop_all` stops."""
+
+    async def stop(self) -> None: ...
+
+
+async def stop_all(*clients: Stoppable | None) -> None:
     """Stop every client, each even when stopping one before it was cancelled (Ctrl-C):
     a client left open is reported as "Unclosed" at exit. The cancellation is raised after."""
     cancelled: asyncio.CancelledError | None = None

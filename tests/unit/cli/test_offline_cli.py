@@ -14,9 +14,9 @@ import orjson
 import pytest
 
 from worker.cli.main import main
-from worker.cli.score import LineRecords, output_line, score_lines
+from worker.cli.score import output_line, score_lines
 from worker.core.cache import PartitionCaches
-from worker.core.records import SourceRecord
+from worker.core.records import LineRecords, SourceRecord
 from worker.core.scorer import Scorer, Thresholds
 from worker.core.scoring import BUILTIN_PROFILES, ProfileSet
 

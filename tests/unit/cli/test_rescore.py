@@ -14,9 +14,9 @@ from referencing import Registry, Resource
 from worker import __version__
 from worker.cli.main import main
 from worker.cli.rescore import rescore_stream
-from worker.cli.score import LineRecords, score_lines
+from worker.cli.score import score_lines
 from worker.core.cache import PartitionCaches
-from worker.core.records import SourceRecord
+from worker.core.records import LineRecords, SourceRecord
 from worker.core.rescoring import (
     NotRescored,
     Rescored,

@@ -1,16 +1,37 @@
-"""``worker.core`` is the scoring core: it must import without the streaming stack.
+"""The package's layers: each module imports only its own layer and those below, never in a
+circle; and ``worker.core`` is the scoring core, which imports without the streaming stack.
 
 The offline CLI, the benches and anything embedding the scorer use ``worker.core`` alone, so
 no module under it, nor under ``worker.embedding`` which it loads the model with, may import
 faust or aiokafka (nor faust's runtime, ``mode``), even indirectly. A fresh interpreter, where
 importing those raises ImportError, imports every module under both.
+
+The layers are read from the source (every ``import``, in a function or under TYPE_CHECKING
+too): a circle, or a module that imports a layer above its own, fails with the imports named.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+
+from support.paths import REPO
+
+# Lowest first; a module is in the layer of the longest prefix listed that names it.
+LAYERS = (
+    ("worker.version", "worker.cores", "worker.logs", "worker.memory", "worker.retry"),
+    ("worker.settings",),
+    ("worker.embedding",),
+    ("worker.core",),
+    ("worker.stream",),
+    ("worker.io",),
+    ("worker.api", "worker.dev"),
+    ("worker",),  # the package: its names are worker.api's
+    ("worker.cli",),
+)
+# Imports up a layer that wait on their module's owner: (importer, imported).
 
 BLOCKED = ("faust", "aiokafka", "mode")
 # The modules the layering is about; any module added under worker.core is imported too.
@@ -88,3 +109,69 @@ def test_the_block_does_stop_faust_and_aiokafka() -> None:
         result = run_python(code)
         assert result.returncode != 0, f"{module} imported with faust and aiokafka blocked"
         assert "is blocked: worker.core must not import it" in result.stderr, result.stderr
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each worker module -> the worker modules it imports: ``from a import b`` is module
+    ``a.b`` where there is one, else ``a``."""
+    paths = {}
+    for path in (REPO / "worker").rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{module}: a relative import"
+                for alias in node.names:
+                    name = f"{node.module}.{alias.name}"
+                    imported.add(name if name in paths else str(node.module))
+        graph[module] = (imported & paths.keys()) - {module}
+    return graph
+
+
+def circle_through(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """The shortest import path from ``start`` back to it, if there is one."""
+    paths = {start: [start]}
+    queue = [start]
+    for module in queue:
+        for imported in sorted(graph[module]):
+            if imported == start:
+                return [*paths[module], start]
+            if imported not in paths:
+                paths[imported] = [*paths[module], imported]
+                queue.append(imported)
+    return None
+
+
+def layer(module: str) -> int:
+    prefixes = [
+        (len(prefix), rank)
+        for rank, names in enumerate(LAYERS)
+        for prefix in names
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    assert prefixes, f"{module} is in no layer: add it to LAYERS"
+    return max(prefixes)[1]
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    assert circle_through({"a": {"b"}, "b": {"c"}, "c": {"a"}}, "b") == ["b", "c", "a", "b"]
+    graph = import_graph()
+    assert "worker.io.kafka" in graph["worker.cli.ranges"]  # under TYPE_CHECKING
+    circles = {frozenset(c): c for m in graph if (c := circle_through(graph, m)) is not None}
+    assert [" -> ".join(circle) for circle in circles.values()] == []
+
+
+def test_each_layer_imports_only_the_layers_below() -> None:
+    graph = import_graph()
+    upward = {
+        (module, imported)
+        for module, imports in graph.items()
+        for imported in imports
+        if layer(imported) > layer(module)
+    }
+    assert sorted(f"{a} imports {b}" for a, b in upward) == []
