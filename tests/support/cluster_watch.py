@@ -262,9 +262,17 @@ def _seen(message: Any) -> Seen:
 
 
 class OutputTail(threading.Thread):
-    """Reads every partition of ``topics`` from its start until stopped."""
+    """Reads every partition of ``topics`` from its start until stopped; ``isolation_level``
+    read_uncommitted also keeps the outputs of aborted transactions (librdkafka's default,
+    read_committed, skips them)."""
 
-    def __init__(self, bootstrap: str, topics: Iterable[str], partitions: int) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Iterable[str],
+        partitions: int,
+        isolation_level: str = "read_committed",
+    ) -> None:
         super().__init__(daemon=True)
         self.consumer = Consumer(
             {
@@ -272,6 +280,7 @@ class OutputTail(threading.Thread):
                 "group.id": "kp-output-tail",  # never joined: partitions are assigned
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
+                "isolation.level": isolation_level,
                 "logger": LIBRDKAFKA_LOG,
             }
         )

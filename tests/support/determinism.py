@@ -190,10 +190,13 @@ def scenario(kafka_bootstrap: str):
 
 def offline_scores(
     by_partition: dict[int, list[tuple[int, bytes]]],
+    cache_capacity: int = int(CAPACITY),
+    cache_ttl_seconds: float | None = float(TTL_SECONDS),
 ) -> dict[tuple[int, int], float]:
-    """The offline scorer run per partition: score per (partition, offset)."""
+    """The offline scorer run per partition: score per (partition, offset); a record that is a
+    dead letter has none."""
     scorer = build_scorer(
-        load_settings(cache_capacity=int(CAPACITY), cache_ttl_seconds=float(TTL_SECONDS))
+        load_settings(cache_capacity=cache_capacity, cache_ttl_seconds=cache_ttl_seconds)
     )
     scores: dict[tuple[int, int], float] = {}
     for partition, records in by_partition.items():
@@ -202,7 +205,9 @@ def offline_scores(
             scorer, [line for _, line in records], out, LineRecords(f"offline-{partition}", None)
         )
         for (offset, _), line in zip(records, out.getvalue().splitlines(), strict=True):
-            scores[(partition, offset)] = orjson.loads(line)["score"]["score"]
+            scored = orjson.loads(line)
+            if "score" in scored:
+                scores[(partition, offset)] = scored["score"]["score"]
     return scores
 
 

@@ -401,6 +401,9 @@ def create_app(
                 [message.time_in or time.monotonic()],
                 [functools.partial(manual.ack, event)],
             )
+            # The partition may have been revoked while the record waited (aiokafka asserts).
+            if message.tp not in app.consumer.assignment():
+                continue
             highwater = app.consumer.highwater(message.tp)
             if highwater is not None:
                 app.observer.lag.log_ends({(message.topic, message.partition): highwater})
@@ -417,7 +420,14 @@ def create_app(
         # their next owner starts after it instead of scoring it again.
         if app.transactions is not None:
             await app.transactions.commit()
-            await app.transactions.release([(tp.topic, tp.partition) for tp in revoked])
+            released = [(tp.topic, tp.partition) for tp in revoked]
+            # What this worker knew of them ends here, even for a partition it gets back: what
+            # it published after that commit is aborted with the transaction, and another
+            # worker may commit more of it meanwhile. Like a new owner, it starts again at the
+            # committed offset, the cache rebuilt from the log before it.
+            if app.stream_scorer is not None:
+                app.stream_scorer.partitions.forget(released)
+            await app.transactions.release(released)
 
     # faust types a receiver as taking a keyword ``signal``; ours takes it in ``**_``.
     app.on_partitions_assigned.connect(on_assigned)  # type: ignore[arg-type]

@@ -42,6 +42,7 @@ DRAIN_SECONDS = 5.0
 DRAIN_SHARE_OF_DEADLINE = 0.25
 # Step 5: how long to ask the broker whether every published record's offset is committed.
 CONFIRM_SECONDS = 3.0
+CONFIRM_POLL_SECONDS = 0.1
 Acknowledge = Callable[[], Awaitable[object]]
 
 
@@ -180,6 +181,9 @@ async def unconfirmed_commits(
 ) -> list[TopicPartition]:
     """Partitions whose published records the group's committed offset does not cover yet,
     or could not be confirmed to cover within ``timeout`` seconds (broker unreachable).
+    Asked again until then: an offset committed in a transaction is read back only once the
+    broker has written the transaction's markers, a moment after its commit returned (a clean
+    stop with exactly-once exited 75 in 2 of 3 chaos runs without this).
 
     ``finished`` maps each partition to the offset after its last published record.
     """
@@ -188,9 +192,14 @@ async def unconfirmed_commits(
         offset = await committed(*tp)
         return offset is not None and offset >= position
 
+    left = sorted(finished)
     try:
         async with asyncio.timeout(timeout):
-            covered = await asyncio.gather(*(check(tp, pos) for tp, pos in finished.items()))
+            while left:
+                covered = await asyncio.gather(*(check(tp, finished[tp]) for tp in left))
+                left = [tp for tp, ok in zip(left, covered, strict=True) if not ok]
+                if left:
+                    await asyncio.sleep(CONFIRM_POLL_SECONDS)
     except Exception:  # unreachable, timed out, not coordinator: unconfirmed is uncommitted
-        return sorted(finished)
-    return sorted(tp for tp, ok in zip(finished, covered, strict=True) if not ok)
+        return left
+    return left
