@@ -28,6 +28,7 @@ RUN pip install --require-hashes --no-deps -r requirements.lock
 COPY pyproject.toml README.md LICENSE NOTICE ./
 COPY schemas ./schemas
 COPY worker ./worker
+COPY kp_model_build ./kp_model_build
 RUN pip wheel --no-deps --wheel-dir dist . \
     && pip install --no-deps dist/*.whl \
     && rm -rf dist \

@@ -191,7 +191,7 @@ def measure_engine(name: str, texts: Sequence[str], repeats: int) -> tuple[Engin
 
     settings = Settings()
     if name == "int8":  # the int8 engine, built as an operator builds it
-        from worker.embedding.build.model_file import build_model
+        from kp_model_build.model_file import build_model
 
         built = build_model(
             Path(tempfile.mkdtemp(prefix="kp-floor-")) / "int8.onnx", recipe="dynamic-per-channel"

@@ -45,11 +45,11 @@ import numpy.typing as npt
 import onnxruntime as ort
 import orjson
 
+from kp_model_build.int8 import RECIPES
+from kp_model_build.model_file import build_model
 from worker.core.records import Decision, SourceRecord
 from worker.core.scorer import build_scorer
 from worker.embedding import OnnxEmbedder
-from worker.embedding.build.int8 import RECIPES
-from worker.embedding.build.model_file import build_model
 from worker.embedding.files import packaged_model
 from worker.settings import DEFAULT_TOKENIZER_PATH, load_settings
 

@@ -1,7 +1,8 @@
 """``kp-scorer model build``: the model file the worker loads, built once, offline.
 
-The embedding package is imported only when a model is built or checked: it loads
-onnxruntime, which the other commands' start-up should not pay for.
+The build (the ``kp_model_build`` package, beside the worker, not in it) is imported only
+when a model is built: it loads onnxruntime and onnx, which the other commands' start-up
+should not pay for.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import click
 
 from worker.cli import main as cli
 
-# The recipes of worker.embedding.build.int8.RECIPES (tests check the two agree).
+# The recipes of kp_model_build.int8.RECIPES (tests check the two agree).
 RECIPE_HELP = {
-    "dynamic-per-channel": "the fastest: every weight MatMul in int8",
-    "smooth-keep-ffn-down": "the most faithful: outliers smoothed, FFN down-projections fp32",
+    "dynamic-per-channel": "every weight MatMul in int8",
 }
 
 
@@ -48,11 +48,18 @@ def model() -> None:
     metavar="MODEL",
     help="the ONNX model to build from (default: the packaged model)",
 )
-@click.option("-o", "--output", type=cli.FILE_PATH, required=True, metavar="FILE")
+@click.option(
+    "-o",
+    "--output",
+    type=cli.FILE_PATH,
+    required=True,
+    metavar="FILE",
+    help="the model file to write; its sidecar is FILE.json",
+)
 def build(int8: str | None, source: Path | None, output: Path) -> int:
     """Build, then print the sidecar's record on stdout; a failure is one line and exit 1."""
-    from worker.embedding.build import QuantizeError
-    from worker.embedding.build.model_file import build_model
+    from kp_model_build import QuantizeError
+    from kp_model_build.model_file import build_model
 
     try:
         built = build_model(output, recipe=int8, source=source)

@@ -8,7 +8,9 @@
 - ``pool``: :class:`OnnxEmbedder`, runs spread over a few threads sharing one model.
 - ``load``: verify, open and smoke-test; :func:`load_embedder` falls back to no model.
 - ``streamline``: exact rewrites of the model graph (less work, less memory).
-- ``build``: model files built offline by `kp-scorer model build` (the int8 engine).
+
+Model files are built offline by `kp-scorer model build` (the int8 engine; the
+``kp_model_build`` package, beside ``worker``): the worker only loads them.
 """
 
 from worker.embedding.config import EmbedderConfig

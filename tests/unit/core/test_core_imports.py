@@ -2,12 +2,15 @@
 circle; and ``worker.core`` is the scoring core, which imports without the streaming stack.
 
 The offline CLI, the benches and anything embedding the scorer use ``worker.core`` alone, so
-no module under it, nor under ``worker.embedding`` which it loads the model with, may import
-faust or aiokafka (nor faust's runtime, ``mode``), even indirectly. A fresh interpreter, where
-importing those raises ImportError, imports every module under both.
+no module under it, nor under ``worker.embedding`` which it loads the model with, nor under
+``kp_model_build`` (the offline model build), may import faust or aiokafka (nor faust's
+runtime, ``mode``), even indirectly. A fresh interpreter, where importing those raises
+ImportError, imports every module under the three.
 
 The layers are read from the source (every ``import``, in a function or under TYPE_CHECKING
 too): a circle, or a module that imports a layer above its own, fails with the imports named.
+``kp_model_build`` sits just below the command line, so no module of the worker's runtime can
+import it: only ``kp-scorer model build`` does.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import sys
 
 from support.paths import REPO
 
+# The packages the distribution installs, whose modules the layers place.
+PACKAGES = ("worker", "kp_model_build")
 # Lowest first; a module is in the layer of the longest prefix listed that names it.
 LAYERS = (
     ("worker.version", "worker.cores", "worker.logs", "worker.memory", "worker.retry"),
@@ -29,6 +34,7 @@ LAYERS = (
     ("worker.io",),
     ("worker.api", "worker.dev"),
     ("worker",),  # the package: its names are worker.api's
+    ("kp_model_build",),  # offline, beside the worker: `kp-scorer model build` alone imports it
     ("worker.cli",),
 )
 # Imports up a layer that wait on their module's owner: (importer, imported).
@@ -46,8 +52,8 @@ CORE_MODULES = {
     "worker.core.scorer",
     "worker.embedding.load",
     "worker.embedding.pool",
-    "worker.embedding.build.int8",
-    "worker.embedding.build.model_file",
+    "kp_model_build.int8",
+    "kp_model_build.model_file",
 }
 
 IMPORT_CORE = """
@@ -67,12 +73,13 @@ sys.meta_path.insert(0, Blocked())
 for name in BLOCKED:  # nothing imported them before the finder went in, but be sure
     assert name not in sys.modules, name
 
+import kp_model_build
 import worker.core
 import worker.embedding
 
 modules = sorted(
     info.name
-    for package in (worker.core, worker.embedding)
+    for package in (worker.core, worker.embedding, kp_model_build)
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
 )
 for name in modules:
@@ -112,10 +119,10 @@ def test_the_block_does_stop_faust_and_aiokafka() -> None:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Each worker module -> the worker modules it imports: ``from a import b`` is module
-    ``a.b`` where there is one, else ``a``."""
+    """Each module of the packages -> the modules of the packages it imports: ``from a import
+    b`` is module ``a.b`` where there is one, else ``a``."""
     paths = {}
-    for path in (REPO / "worker").rglob("*.py"):
+    for path in (p for package in PACKAGES for p in (REPO / package).rglob("*.py")):
         parts = path.relative_to(REPO).with_suffix("").parts
         paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph: dict[str, set[str]] = {}
@@ -168,6 +175,7 @@ def test_no_module_imports_itself_through_others() -> None:
 
 def test_each_layer_imports_only_the_layers_below() -> None:
     graph = import_graph()
+    assert "kp_model_build.model_file" in graph["worker.cli.model"]  # in a function
     upward = {
         (module, imported)
         for module, imports in graph.items()

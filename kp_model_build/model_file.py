@@ -17,8 +17,8 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
-from worker.embedding.build import QuantizeError
-from worker.embedding.build.int8 import RECIPE_VERSION, RECIPES, derive_bytes
+from kp_model_build import QuantizeError
+from kp_model_build.int8 import RECIPE_VERSION, RECIPES, derive_bytes
 from worker.embedding.files import (
     INT8,
     SIDECAR_FORMAT,
@@ -31,7 +31,6 @@ from worker.embedding.files import (
 from worker.embedding.protocol import EmbedderUnavailable
 from worker.embedding.session import SessionFactory, streamlined_model
 from worker.logs import one_line
-from worker.settings import DEFAULT_TOKENIZER_PATH
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +56,12 @@ def build_model(
     damaged file is never built from; the written model is opened by onnxruntime before the
     sidecar is written, so a sidecar always stands beside a loadable file.
     """
-    spec = None
-    if recipe is not None:
-        spec = RECIPES.get(recipe)
-        if spec is None:
-            raise QuantizeError(f"unknown int8 recipe {recipe!r}; known: {', '.join(RECIPES)}")
+    if recipe is not None and recipe not in RECIPES:
+        raise QuantizeError(f"unknown int8 recipe {recipe!r}; known: {', '.join(RECIPES)}")
     source, source_id, source_sha256, source_engine = _checked_source(source)
     output = Path(output)
     _refuse_overwriting(output, source)
-    data = _streamlined_bytes(source) if spec is None else derive_bytes(source, spec)
+    data = _streamlined_bytes(source) if recipe is None else derive_bytes(source)
     try:  # a model onnxruntime cannot open would fail every worker's start
         SessionFactory().open(data)
     except Exception as exc:
@@ -74,9 +70,9 @@ def build_model(
         ) from None
     record: dict[str, Any] = {
         "format": SIDECAR_FORMAT,
-        "model_id": source_id if spec is None else f"{source_id}+{spec.name}",
-        "engine": source_engine if spec is None else INT8,
-        "recipe": None if spec is None else spec.name,
+        "model_id": source_id if recipe is None else f"{source_id}+{recipe}",
+        "engine": source_engine if recipe is None else INT8,
+        "recipe": recipe,
         "recipe_version": RECIPE_VERSION,
         "source_model_id": source_id,
         "source_sha256": source_sha256,
@@ -84,8 +80,6 @@ def build_model(
         "onnx": onnx.__version__,
         "sha256": hashlib.sha256(data).hexdigest(),
     }
-    if spec is not None and spec.calibrated:
-        record["tokenizer_sha256"] = file_sha256(DEFAULT_TOKENIZER_PATH, "tokenizer", QuantizeError)
     sidecar = sidecar_path(output)
     _write(output, data)  # the model first: a new sidecar never names a partial file
     _write(sidecar, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
