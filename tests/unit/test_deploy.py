@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import REGISTRY
 from pydantic import AliasChoices
 
 from worker.core.scorer import build_scorer
@@ -45,6 +44,7 @@ from support.deploy_files import (
     promql_metric_names,
     promql_numbers,
 )
+from support.metric_families import exported_metrics
 from support.paths import REPO
 
 DEFAULTS = Settings()
@@ -642,15 +642,51 @@ def test_k8s_autoscaler_is_capped_at_the_partition_count() -> None:
         assert promql_metric_names(query)
 
 
-def test_the_operations_page_names_every_metric_the_worker_exports() -> None:
-    import worker.stream.metrics  # noqa: F401  (defining them registers them)
-
+def metrics_section() -> str:
     operations = (REPO / "docs" / "operations.md").read_text()
-    section = operations.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
-    exported = set()
-    for family in REGISTRY.collect():
-        if family.name.startswith("kp_"):
-            exported.add(family.name + {"counter": "_total", "info": "_info"}.get(family.type, ""))
-    assert "kp_records_total" in exported and "kp_trace_latency_seconds" in exported
-    missing = sorted(name for name in exported if not re.search(rf"`{name}[`{{]", section))
-    assert not missing, f"metrics docs/operations.md's Metrics section does not name: {missing}"
+    return operations.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+
+
+# `kp_name` or `kp_name{label,label}` as the Metrics section writes a metric.
+METRIC_MENTION = re.compile(r"`(kp_[a-z_]+)(?:\{([a-z_,]*)\})?`")
+# The series a histogram exports besides its name.
+HISTOGRAM_SERIES = ("_bucket", "_count", "_sum")
+
+
+def test_the_operations_page_names_every_metric_with_its_labels() -> None:
+    """Each exported metric is named in the Metrics section with its labels as the code
+    gives them (`kp_records_total{decision,domain}`); a label list written there is the
+    code's, and the section names no metric that the worker does not export."""
+    exported = exported_metrics()
+    assert exported["kp_records_total"] == ("decision", "domain")
+    mentions = [(m[1], m[2]) for m in METRIC_MENTION.finditer(metrics_section())]
+    unknown = sorted({name for name, _ in mentions if name not in exported})
+    assert not unknown, f"docs/operations.md's Metrics section names no such metric: {unknown}"
+    wrong = sorted(
+        f"{name}{{{labels}}} (the code's: {{{','.join(exported[name])}}})"
+        for name, labels in mentions
+        if labels is not None and tuple(labels.split(",")) != exported[name]
+    )
+    assert not wrong, f"labels in docs/operations.md's Metrics section: {wrong}"
+    named = {name for name, labels in mentions if labels is not None or not exported[name]}
+    missing = sorted(
+        f"{name}{{{','.join(labels)}}}" if labels else name
+        for name, labels in exported.items()
+        if name not in named
+    )
+    assert not missing, f"docs/operations.md's Metrics section does not name: {missing}"
+
+
+def test_every_metric_the_docs_name_is_exported() -> None:
+    """Anywhere in docs/: a metric named is one the worker exports (or a histogram's series);
+    a package of this repository (`kp_model_build`) is not a metric."""
+    exported = exported_metrics()
+    known = {*exported, *(n + s for n in exported for s in HISTOGRAM_SERIES)}
+    known |= {path.name for path in REPO.glob("kp_*") if path.is_dir()}
+    stale = {
+        f"{page.name}: {name}"
+        for page in sorted((REPO / "docs").glob("*.md"))
+        for name in re.findall(r"\bkp_[a-z_]+[a-z]\b", page.read_text())
+        if name not in known
+    }
+    assert not stale, sorted(stale)
