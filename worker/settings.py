@@ -112,8 +112,7 @@ class Settings(BaseSettings):
     heartbeat_interval_seconds: PositiveFloat = 1.0
     commit_interval_seconds: PositiveFloat = 1.0
     processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
-    # A second SIGTERM exits at once; running out of time exits with code 75. At most an hour:
-    # a stop needs seconds, and far more overflows the deadline's timer (1e10 s never fired).
+    # At most an hour: a stop needs seconds, and far more overflows the deadline's timer.
     shutdown_timeout_seconds: float = Field(default=20.0, gt=0, le=3600)
     log_repeat_interval_seconds: PositiveFloat = 10.0
     producer_idempotence: Literal["auto", "on", "off"] = "auto"

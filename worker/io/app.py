@@ -55,15 +55,13 @@ from worker.version import __version__
 log = logging.getLogger(__name__)
 
 STARTUP_BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
-# The connectivity probe: metadata and the owned partitions' end offsets, this often, this
-# patiently.
+# The connectivity probe (metadata, the owned partitions' end offsets): this often, this long.
 PROBE_INTERVAL_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 3.0
 # faust's default request timeout of the group consumer; a longer session timeout raises it.
 GROUP_REQUEST_TIMEOUT_SECONDS = 90.0
-# How often freed heap memory goes back to the system: a worker with 16 full caches after a
-# 20,000-trace backlog held 338-367 MB this way (median 353, 9 runs) against 363-397 MB
-# (median 378, 12 runs) without, at the same speed (bench/live_memory.py).
+# How often freed heap memory goes back to the system: with 16 full caches after a 20,000-trace
+# backlog, median 353 MB (9 runs) against 378 without (12), same speed (bench/live_memory.py).
 MEMORY_TRIM_SECONDS = 1.0
 # How old the group consumer's view of the input topic may grow: partitions added to the topic,
 # or the topic recreated, are seen within this long and taken in the rebalance that follows
@@ -390,14 +388,11 @@ def create_app(
             assert app.stream_scorer is not None
             message = event.message
             app.observer.broker.fetched()
-            if app.transactions is not None and not app.transactions.owns(
-                (message.topic, message.partition)
-            ):
+            tp = (message.topic, message.partition)
+            if app.transactions is not None and not app.transactions.owns(tp):
                 continue  # fenced by the partition's new owner: its records are not ours
             await app.stream_scorer.submit(
-                # The record's own milliseconds (ScorerConsumer._to_message), never faust's
-                # seconds float.
-                [source_record(message)],
+                [source_record(message)],  # the record's own milliseconds, not faust's float
                 [message.time_in or time.monotonic()],
                 [functools.partial(manual.ack, event)],
             )
@@ -406,7 +401,7 @@ def create_app(
                 continue
             highwater = app.consumer.highwater(message.tp)
             if highwater is not None:
-                app.observer.lag.log_ends({(message.topic, message.partition): highwater})
+                app.observer.lag.log_ends({tp: highwater})
 
     async def on_assigned(sender: Any, assigned: set[TP], **_: Any) -> None:
         now_assigned = sorted((tp.topic, tp.partition) for tp in assigned)
@@ -416,17 +411,13 @@ def create_app(
         log.info("partitions assigned", extra={"partitions": now_assigned})
 
     async def on_revoked(sender: Any, revoked: set[TP], **_: Any) -> None:
-        # Exactly-once: what the revoked partitions published so far is committed now, so
-        # their next owner starts after it instead of scoring it again.
-        if app.transactions is not None:
+        # Exactly-once: what the revoked partitions published is committed, so that their next
+        # owner starts after it; what comes after is aborted, so even a partition this worker
+        # gets back starts again at its committed offset, its cache rebuilt (chaos test).
+        if app.transactions is not None and app.stream_scorer is not None:
             await app.transactions.commit()
             released = [(tp.topic, tp.partition) for tp in revoked]
-            # What this worker knew of them ends here, even for a partition it gets back: what
-            # it published after that commit is aborted with the transaction, and another
-            # worker may commit more of it meanwhile. Like a new owner, it starts again at the
-            # committed offset, the cache rebuilt from the log before it.
-            if app.stream_scorer is not None:
-                app.stream_scorer.partitions.forget(released)
+            app.stream_scorer.partitions.forget(released)
             await app.transactions.release(released)
 
     # faust types a receiver as taking a keyword ``signal``; ours takes it in ``**_``.
