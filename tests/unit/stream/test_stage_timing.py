@@ -161,7 +161,10 @@ def test_every_stage_is_observed_and_waits_and_work_add_up_to_the_latency() -> N
     assert LONG_RUN_SECONDS <= stage[0]["embed"] <= LONG_RUN_SECONDS + SLACK
     assert stage[0]["embed_wait"] <= SLACK
     third = stage[3]
-    assert third["embed_wait"] >= 2 * (TOKENIZE_SECONDS + SHORT_RUN_SECONDS) - 0.002
+    # It waits for offset 2's whole run and what is left of offset 1's: how much of 1's is
+    # left depends on how long after it offset 3 was submitted (27.5 ms against 30 on a
+    # loaded machine), so only 2's whole run is certain.
+    assert third["embed_wait"] >= TOKENIZE_SECONDS + SHORT_RUN_SECONDS
     assert SHORT_RUN_SECONDS <= third["embed"] <= SHORT_RUN_SECONDS + SLACK
     assert third["tokenize"] >= TOKENIZE_SECONDS
     # Short runs finish long before offset 0's vector: they wait in order.
