@@ -212,14 +212,12 @@ class Rescorer:
                 "scored without an embedding model: novelty 0.5 was a stand-in, not a measure",
                 version,
             )
-        if version != __version__ or origin != __version__:
-            # This version's schema admitted the trace when it scored it (and re-scoring only
-            # sets quality_score), so only a trace another version admitted is checked again:
-            # one this version would dead-letter is not given a score.
-            try:
-                check_trace_document(recorded["trace"])
-            except TraceError as error:
-                return NotRescored(Unrescorable.INVALID_TRACE, error.reason[:300], version)
+        # Today's rules, whatever version the output names: a rule added since it was scored
+        # (or an edited output) must not give a score to a trace this worker would dead-letter.
+        try:
+            check_trace_document(recorded["trace"])
+        except TraceError as error:
+            return NotRescored(Unrescorable.INVALID_TRACE, error.reason[:300], version)
         trace = Trace(recorded["trace"])
         novelty = Novelty(recorded_dimensions[1], novelty_source)
         try:

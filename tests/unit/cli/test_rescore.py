@@ -262,6 +262,22 @@ def test_unrescorable_lines_are_reported_in_place_and_counted(recorded: list[byt
     assert [e["at"] for e in report["unrescorable_examples"]] == [f"line {n}" for n in reasons]
 
 
+@pytest.mark.parametrize("version", [__version__, "0.0.9"], ids=["this-version", "another"])
+def test_a_trace_that_breaks_todays_schema_is_not_rescored_whoever_recorded_it(
+    recorded: list[bytes], version: str
+) -> None:
+    """Today's trace rules apply to every recorded output: one naming this version was not
+    checked again, so a rule added since it was scored (or an edited output) gave a score to a
+    trace the worker now dead-letters. The broken field leaves every dimension as recorded."""
+    document = orjson.loads(recorded[5])
+    document["trace"]["metadata"]["visibility"] = "public"
+    document["scorer"]["version"] = version
+    result = Rescorer(BUILTIN).rescore(document)
+    assert isinstance(result, NotRescored)
+    assert (result.reason, result.scorer_version) == ("invalid_trace", version)
+    assert "metadata.visibility" in result.detail
+
+
 def test_blocks_of_any_size_give_the_same_output_and_line_numbers(recorded: list[bytes]) -> None:
     rescorer = Rescorer(profiles_from_mapping(NEW_PROFILES), 0.6)
     data = jsonl([*recorded * 4, b"oops", *recorded])[:-1]  # no newline at the end
