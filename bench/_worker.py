@@ -69,6 +69,7 @@ class Topics:
             "KP_REJECTED_TOPIC": by_decision["rejected"],
             "KP_DEAD_LETTER_TOPIC": by_decision["dead_letter"],
             "KP_GROUP_ID": f"{self.prefix}-group",
+            "KP_CACHE_STORE_TOPIC": f"{self.prefix}.novelty-cache",
             "KP_INPUT_PARTITIONS": str(PARTITIONS),
         }
 

@@ -142,6 +142,11 @@ MEANINGS: dict[str, str] = {
         "(a domain listed twice is refused)"
     ),
     "cache_capacity": "vectors per partition cache (oldest evicted first)",
+    "cache_store_topic": (
+        "topic keeping each scored trace's cache entry, read back by a partition's next owner "
+        "instead of embedding its cache again; empty: no store "
+        "([Operations](operations.md#the-novelty-cache-store))"
+    ),
     "cache_ttl_seconds": (
         "event-time TTL of cache entries ([Scoring](scoring.md#novelty-and-the-cache))"
     ),

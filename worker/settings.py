@@ -144,11 +144,12 @@ class Settings(BaseSettings):
     domain_thresholds: Annotated[dict[str, float], NoDecode] = Field(default_factory=dict)
 
     # Novelty
-    # At most 100,000 (100x the default): a partition taken over embeds its whole cache again
-    # (~30 min at 100,000), and a cache reserves 8 bytes a slot at its first record.
+    # At most 100,000 (100x the default): a partition taken over without its store embeds its
+    # whole cache again (~30 min at 100,000); a cache reserves 8 bytes a slot at first use.
     cache_capacity: int = Field(default=1000, gt=0, le=100_000)
     # Whole milliseconds of event time: under 1 ms would round to no TTL at all.
     cache_ttl_seconds: float | None = Field(default=None, ge=0.001)
+    cache_store_topic: str = "kp.traces.novelty-cache"  # empty: no store
     model_path: Path | None = None
     model_sha256: str | None = None
     tokenizer_path: Path = DEFAULT_TOKENIZER_PATH
@@ -261,16 +262,12 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        topics = [
-            self.input_topic,
-            self.accepted_topic,
-            self.rejected_topic,
-            self.dead_letter_topic,
-        ]
+        topics = [self.input_topic, self.accepted_topic, self.rejected_topic]
+        topics += [self.dead_letter_topic, *filter(None, [self.cache_store_topic])]
         if len(set(topics)) != len(topics):
             raise ValueError(
-                "KP_INPUT_TOPIC, KP_ACCEPTED_TOPIC, KP_REJECTED_TOPIC and KP_DEAD_LETTER_TOPIC "
-                f"must all differ, got {topics}"
+                "KP_INPUT_TOPIC, KP_ACCEPTED_TOPIC, KP_REJECTED_TOPIC, KP_DEAD_LETTER_TOPIC "
+                f"and KP_CACHE_STORE_TOPIC must all differ, got {topics}"
             )
         if self.security_protocol.startswith("SASL") and not (
             self.sasl_mechanism and self.sasl_username and self.sasl_password

@@ -71,7 +71,7 @@ def documented_worker_acls(env: dict[str, str]) -> list[Acl]:
     text = (REPO / "docs" / "operations.md").read_text()
     section = text.split("## Permissions (ACLs)", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| (Topic|Group) \| `(KP_\w+)` \| (\w+) \|", section, re.MULTILINE)
-    assert len(rows) == 5, rows
+    assert len(rows) == 7, rows
     return sorted(Acl(resource, env[variable], operation) for resource, variable, operation in rows)
 
 
@@ -107,7 +107,7 @@ class Setup:
         )
         self.input = self.env["KP_INPUT_TOPIC"]
         self.outputs = [self.env[variable] for variable in OUTPUT_VARIABLES]
-        kafka.create_topics([self.input, *outputs], PARTITIONS)
+        kafka.create_topics([self.input, *outputs, self.env["KP_CACHE_STORE_TOPIC"]], PARTITIONS)
         self.expected: dict[tuple[int, int], str] = {}
         self.worker: WorkerProcess | None = None
 
@@ -245,6 +245,7 @@ LEFT_OUT = [
     ("Topic", "KP_ACCEPTED_TOPIC", "Write", False),
     ("Topic", "KP_REJECTED_TOPIC", "Write", False),
     ("Topic", "KP_DEAD_LETTER_TOPIC", "Write", False),
+    ("Topic", "KP_CACHE_STORE_TOPIC", "Write", False),
     # The broker shows the topic, so the start goes through: the first fetch is refused (faust
     # crashed the worker on it), or the first dead letter's publish (/readyz said ready).
     ("Topic", "KP_INPUT_TOPIC", "Read", True),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 AT_LEAST_ONCE_UNIT = "tests/unit/stream/test_at_least_once.py"
 AT_LEAST_ONCE_BROKER = "tests/chaos/test_at_least_once_broker.py"
+CACHE_STORE_UNIT = "tests/unit/stream/test_cache_store.py"
 CACHE_BOUNDARIES = (
     "tests/unit/core/test_cache.py::"
     "test_a_batch_sees_stored_entries_up_to_their_ttl_and_capacity_boundaries"
@@ -279,6 +280,29 @@ MUTANTS: tuple[Mutant, ...] = (
         new="held = self._age_rank()[:, None] > (n + position - self.max_elements)[None, :]",
         tests=(CACHE_BOUNDARIES, "tests/unit/core/test_cache.py"),
         why="evicts the oldest vector one trace too soon",
+    ),
+    Mutant(
+        name="cache-store-entry-of-another-embedder",
+        promise="A cache restored from the store is bit-identical to one embedded again: an "
+        "entry is used only by the embedder that wrote it",
+        path="worker/core/cache_store.py",
+        old="if not key or not key.startswith(tag) or value is None",
+        new="if not key or value is None",
+        tests=(
+            f"{CACHE_STORE_UNIT}::test_an_entry_reads_back_bit_for_bit_for_its_own_embedder_only",
+            "tests/broker/test_cache_store.py",
+        ),
+        why="a worker given another model restores its caches with the old model's vectors",
+    ),
+    Mutant(
+        name="cache-store-unsound-row-used",
+        promise="A cache restored from the store is bit-identical to one embedded again: a "
+        "stored row off the cache's grid or of another length is embedded again",
+        path="worker/core/cache.py",
+        old="    return on_grid and (norm == 0.0 or abs(norm - 1.0) < _SCREEN_MARGIN)",
+        new="    return True",
+        tests=(f"{CACHE_STORE_UNIT}::test_unsound_entries_are_not_used",),
+        why="a damaged or forged store entry goes into a cache and changes novelty",
     ),
     Mutant(
         name="threshold-exclusive",

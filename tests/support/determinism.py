@@ -102,7 +102,11 @@ class Run:
         }
 
     def worker(self) -> WorkerProcess:
-        self.last_worker = WorkerProcess(self.bootstrap, **self.env).start()
+        return self.worker_with({})
+
+    def worker_with(self, env: dict[str, str]) -> WorkerProcess:
+        """A worker of this run with some settings of its own."""
+        self.last_worker = WorkerProcess(self.bootstrap, **{**self.env, **env}).start()
         return self.last_worker
 
     def published(self) -> int:

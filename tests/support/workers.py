@@ -18,6 +18,7 @@ def worker_topics(
         "KP_REJECTED_TOPIC": f"{prefix}.rejected",
         "KP_DEAD_LETTER_TOPIC": f"{prefix}.dead-letter",
         "KP_GROUP_ID": f"{prefix}-group",
+        "KP_CACHE_STORE_TOPIC": f"{prefix}.novelty-cache",
         "KP_INPUT_PARTITIONS": str(partitions),
         **extra,
     }

@@ -19,6 +19,7 @@ import pytest
 from pydantic import AliasChoices
 
 from worker.core.scorer import build_scorer
+from worker.io import kafka
 from worker.core.scoring import BUILTIN_PROFILES, profiles_from_mapping
 from worker.settings import Settings, load_settings
 
@@ -242,7 +243,7 @@ def test_compose_topics_agree_with_settings_defaults(monkeypatch: pytest.MonkeyP
     assert settings.input_topic == DEFAULTS.input_topic
     assert settings.group_id == DEFAULTS.group_id
     created = topic_commands("\n".join(service("topics")["command"]))
-    assert set(created) == DEFAULT_TOPICS
+    assert set(created) == DEFAULT_TOPICS | {settings.cache_store_topic}
     assert {c["partitions"] for c in created.values()} == {settings.input_partitions}
     assert service("producer")["environment"]["TOPIC"] == DEFAULTS.input_topic
     producer_file = service("producer")["environment"]["TRACES_FILE"]
@@ -269,15 +270,20 @@ def test_compose_output_topics_take_the_worker_record_limit(
     assert int(input_limit) >= settings.max_message_bytes
 
 
-def test_compose_topic_configs_are_the_ones_the_worker_sets() -> None:
-    """Same config names as worker/io/kafka.py gives NewTopic (a misspelt name would be
-    rejected by kafka-topics.sh only at run time)."""
-    source = (REPO / "worker" / "io" / "kafka.py").read_text()
-    worker_configs = set(re.findall(r'"([a-z]+(?:\.[a-z]+)+)": str\(settings\.', source))
-    assert worker_configs == {"max.message.bytes"}
+def test_compose_topic_configs_are_the_ones_the_worker_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The topics service gives each topic it creates the configs the worker's own
+    ensure_topics would (a misspelt name would be rejected by kafka-topics.sh only at run
+    time, a wrong value never)."""
+    settings = settings_from(service("worker")["environment"], monkeypatch)
     created = topic_commands("\n".join(service("topics")["command"]))
-    used = {name for c in created.values() for name in c["configs"]}
-    assert used == worker_configs
+    for name in (settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic):
+        wanted = kafka._output_topic(name, 4, settings).topic_configs
+        assert created[name]["configs"] == wanted, name
+    store = kafka._store_topic(settings.cache_store_topic, 4, settings)
+    assert created[settings.cache_store_topic]["configs"] == store.topic_configs
+    assert created[settings.input_topic]["configs"] == {}
 
 
 def test_metrics_port_agrees_everywhere() -> None:

@@ -68,6 +68,29 @@ def _on_grid(vectors: npt.ArrayLike, dimensions: int) -> FloatArray:
     return (np.rint(unit * _GRID) / _GRID).astype(np.float32)
 
 
+def _grid_rows(
+    vectors: npt.ArrayLike, dimensions: int, stored_rows: Sequence[bool] | None
+) -> FloatArray:
+    """Vectors on the grid; those flagged in ``stored_rows`` are grid rows already (reused
+    from a cache, or read back from the cache store) and are taken as they are."""
+    rows = _on_grid(vectors, dimensions)
+    if stored_rows is not None and any(stored_rows):
+        reused = np.asarray(stored_rows, dtype=bool)
+        rows[reused] = np.asarray(vectors, dtype=np.float32)[reused]
+    return rows
+
+
+def is_grid_row(row: npt.NDArray[np.float32], dimensions: int) -> bool:
+    """Whether ``row`` can be a stored entry: the cache's dimensions, every value on the grid
+    and a unit (or zero) length. What a store read back is checked so before it is used."""
+    if row.shape != (dimensions,) or not np.all(np.isfinite(row)):
+        return False
+    wide = row.astype(np.float64)
+    norm = float(np.linalg.norm(wide))
+    on_grid = bool(np.array_equal(np.rint(wide * _GRID) / _GRID, wide))
+    return on_grid and (norm == 0.0 or abs(norm - 1.0) < _SCREEN_MARGIN)
+
+
 def _exact_best(
     screened: FloatArray, stored: FloatArray, batch: FloatArray, queries: FloatArray
 ) -> tuple[GridArray, npt.NDArray[np.bool_]]:
@@ -145,8 +168,11 @@ class VectorCache:
         vectors: npt.ArrayLike,
         event_times_ms: Sequence[int],
         keys: Sequence[bytes | None] | None = None,
+        stored_rows: Sequence[bool] | None = None,
     ) -> None:
-        self._add_grid_rows(_on_grid(vectors, self.dimensions), event_times_ms, keys)
+        """Add in order; rows flagged in ``stored_rows`` are grid rows taken as they are."""
+        rows = _grid_rows(vectors, self.dimensions, stored_rows)
+        self._add_grid_rows(rows, event_times_ms, keys)
 
     def _add_grid_rows(
         self,
@@ -214,10 +240,7 @@ class VectorCache:
         but with two matrix products and one exact pass instead of a scan per vector.
         Rows flagged in ``stored_rows`` came from :meth:`row_for_key` and are used as they are.
         """
-        rows = _on_grid(vectors, self.dimensions)
-        if stored_rows is not None and any(stored_rows):
-            reused = np.asarray(stored_rows, dtype=bool)
-            rows[reused] = np.asarray(vectors, dtype=np.float32)[reused]
+        rows = _grid_rows(vectors, self.dimensions, stored_rows)
         count = len(rows)
         if count != len(event_times_ms):
             raise ValueError("one event time per vector is required")
@@ -304,6 +327,7 @@ class PartitionCaches:
         embeddings: npt.NDArray[np.float32],
         event_times_ms: Sequence[int],
         text_keys: Sequence[bytes | None] | None = None,
+        stored_rows: Sequence[bool] | None = None,
     ) -> None:
         """Fill a partition's cache from its log without scoring (rebuild on takeover)."""
-        self.get(partition).add_batch(embeddings, event_times_ms, text_keys)
+        self.get(partition).add_batch(embeddings, event_times_ms, text_keys, stored_rows)

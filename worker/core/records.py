@@ -77,6 +77,9 @@ class RoutedRecord:
     error: TraceError | None = None
     # Kafka clients refuse a record with neither key nor value (see output.KEY_NULL_HEADER).
     empty_key: bool = False
+    # The novelty cache entry this record's trace added, as the cache store keeps it (key,
+    # value): published with the output (worker.core.cache_store).
+    cache_entry: tuple[bytes, bytes] | None = None
 
     @property
     def key(self) -> bytes | None:

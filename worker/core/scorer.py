@@ -7,16 +7,19 @@ from and write to differs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import cached_property
 from time import perf_counter
 
 import numpy as np
 
 from worker.core.cache import PartitionCaches
+from worker.core.cache_store import embedder_tag, entry, stored_rows
 from worker.core.errors import (
     OutputTooLargeError,
     TraceError,
@@ -102,6 +105,26 @@ class Scorer:
     @property
     def model_id(self) -> str | None:
         return self.embedder.model_id if self.embedder else None
+
+    @cached_property
+    def store_tag(self) -> bytes | None:
+        """This embedder's tag in the cache store (None without a model: nothing is stored)."""
+        return embedder_tag(self.embedder.identity) if self.embedder else None
+
+    def with_cache_entry(self, routed: RoutedRecord, prepared: Prepared) -> RoutedRecord:
+        """``routed`` carrying the cache entry its trace added (the row as the cache holds it),
+        if it added one."""
+        tp, key = prepared.record.topic_partition, prepared.text_key
+        row = None if key is None else self.caches.row_for_text(tp, key)
+        if row is None or key is None or self.store_tag is None:
+            return routed
+        return dataclasses.replace(routed, cache_entry=entry(self.store_tag, key, row))
+
+    def stored_rows(self, records: Sequence[SourceRecord]) -> dict[bytes, np.ndarray]:
+        """This embedder's sound rows among records read from the cache store, by text key."""
+        if self.store_tag is None:
+            return {}
+        return stored_rows(records, self.store_tag, self.caches.dimensions)
 
     # -- the stream's door to the embedder and the caches ------------------------------------
     @property
@@ -265,29 +288,40 @@ class Scorer:
         return [(r, t) for r in records if isinstance(t := self.decode(r), Trace)]
 
     def warm_partition(
-        self, partition: tuple[str, int], traces: Sequence[tuple[SourceRecord, Trace]]
-    ) -> int:
+        self,
+        partition: tuple[str, int],
+        traces: Sequence[tuple[SourceRecord, Trace]],
+        stored: Mapping[bytes, np.ndarray] | None = None,
+    ) -> tuple[int, int]:
         """Rebuild a cache from already-scored traces, oldest first; publishes nothing.
 
-        Every trace is embedded, even one expired for the next record: expiry is a mask at
-        query time, and a later record with an older timestamp sees it live, as it did in the
-        live run. Returns the number embedded.
+        A trace whose text has a row in ``stored`` (read from the cache store) takes it; every
+        other is embedded, even one expired for the next record: expiry is a mask at query
+        time, and a later record with an older timestamp sees it live, as it did in the live
+        run. Returns (rows restored from ``stored``, traces embedded).
         """
         if self.embedder is None or not traces:
-            return 0
+            return 0, 0
         prepared = [
-            Prepared(record, trace, text, text_key(text))
+            Prepared(record, trace, text, key)
             for record, trace in traces
             for text in (trace.embedding_text(),)
+            for key in (text_key(text),)
         ]
+        for item in prepared:
+            row = (stored or {}).get(item.text_key or b"")
+            if row is not None:
+                item.vector, item.stored_row = row, True
         self.embed_missing(prepared, from_cache=False)
         self.caches.warm(
             partition,
             np.stack([item.vector for item in prepared]),  # type: ignore[misc]
             [record.timestamp_ms for record, _ in traces],
             [item.text_key for item in prepared],
+            [item.stored_row for item in prepared],
         )
-        return len(prepared)
+        restored = sum(item.stored_row for item in prepared)
+        return restored, len(prepared) - restored
 
 
 def build_scorer(settings: Settings, *, use_embedder: bool = True) -> Scorer:

@@ -13,7 +13,13 @@ import onnxruntime as ort
 
 from worker.embedding.config import EmbedderConfig
 from worker.embedding.encoder import Encoder, load_tokenizer
-from worker.embedding.files import INT8, model_id, resolve_model, verified_sha256
+from worker.embedding.files import (
+    INT8,
+    file_sha256,
+    model_id,
+    resolve_model,
+    verified_sha256,
+)
 from worker.embedding.pool import OnnxEmbedder
 from worker.embedding.protocol import DIMENSIONS, EmbedderUnavailable
 from worker.embedding.session import SessionFactory, streamlined_model
@@ -74,6 +80,12 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
         model=model,
         encoder=encoder,
         model_id=built_id or model_id(model_path, actual_sha256),
+        identity=(
+            f"model={actual_sha256} tokenizer="
+            f"{file_sha256(Path(config.tokenizer_path), 'tokenizer', EmbedderUnavailable)} "
+            f"max_tokens={config.max_tokens} batch={config.batch_size} "
+            f"threads={config.threads} providers={','.join(config.providers)}"
+        ),
         batch_size=config.batch_size,
         concurrency=config.concurrency,
     )

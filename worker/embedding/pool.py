@@ -31,6 +31,7 @@ class OnnxEmbedder:
     """
 
     model_id: str
+    identity: str
     dimensions: int
 
     def __init__(
@@ -39,12 +40,14 @@ class OnnxEmbedder:
         model: ort.InferenceSession,
         encoder: Encoder,
         model_id: str,
+        identity: str,
         batch_size: int,
         concurrency: int = 1,
     ) -> None:
         """Use :func:`worker.embedding.load.open_embedder`; this only wires already-validated
         parts together."""
         self.model_id = model_id
+        self.identity = identity
         self.dimensions = DIMENSIONS
         self.batch_size = batch_size
         self.concurrency = concurrency

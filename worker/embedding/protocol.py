@@ -32,6 +32,9 @@ class Embedder(Protocol):
     """Texts to unit vectors; a text's vector never depends on the texts run beside it."""
 
     model_id: str
+    # Everything a vector's bits depend on (model and tokenizer digests, their settings): a
+    # stored vector is reused only by an embedder of the same identity.
+    identity: str
     dimensions: int
 
     def embed(self, texts: Sequence[str]) -> FloatArray:

@@ -108,3 +108,10 @@ async def connection_refusal(
         return None
     connection.close(reason="diagnosed")
     return None
+
+
+def topic_refusal(settings: Settings, topic: str) -> Refusal:
+    """What the worker needs on a topic it may neither see nor create: Read on the input, Write
+    on an output, or else Create for the worker to create it."""
+    operation = "Read" if topic == settings.input_topic else "Write"
+    return Refusal(operation, "topic", topic, "or Create, for the worker to create it")

@@ -25,11 +25,12 @@ import faust
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from faust.types import TP, TransportT
 
+from worker.core.cache_store import StoreTopic
 from worker.core.failures import FailurePolicy
 from worker.core.output import output_topics
 from worker.core.scorer import build_scorer
 from worker.io import http, library_overrides
-from worker.io.access import connection_refusal
+from worker.io.access import connection_refusal, topic_refusal
 from worker.io.kafka import (
     PartitionLogReader,
     TopicNotAuthorized,
@@ -207,7 +208,7 @@ class ScorerApp(faust.App):
         self._trimmer = asyncio.ensure_future(_trim_memory())
         self._refusals = asyncio.ensure_future(self._take_refusals())
         observer.configured_thresholds(settings.accept_threshold, settings.domain_thresholds)
-        await _wait_for_kafka(settings, observer, self.failures)
+        store = await _wait_for_kafka(settings, observer, self.failures)
         scorer = await asyncio.to_thread(build_scorer, settings)
         observer.configured(__version__, scorer.model_id)
         if not scorer.has_embedder:
@@ -215,10 +216,10 @@ class ScorerApp(faust.App):
                 "embedder unavailable; novelty is 0.5", extra={"reason": scorer.embedder_reason}
             )
         if settings.processing_guarantee == "exactly_once":
-            self.transactions = TransactionalPublisher(settings, observer=observer)
+            self.transactions = TransactionalPublisher(settings, observer=observer, store=store)
             self._publisher = self.transactions
         else:
-            self._publisher = Publisher(settings, observer=observer)
+            self._publisher = Publisher(settings, observer=observer, store=store)
         self._reader = PartitionLogReader(settings, group_id=settings.group_id)
         await self._publisher.start()
         await self._reader.start()
@@ -230,6 +231,7 @@ class ScorerApp(faust.App):
             failures=self.failures,
             observer=observer,
             timing_header=settings.timing_header,
+            store=store,
         )
         # A partition whose log started over is committed anew in faust's bookkeeping too.
         consumer: ScorerConsumer = self.consumer  # type: ignore[assignment]
@@ -288,9 +290,8 @@ class ScorerApp(faust.App):
                     extra={"partitions": self.left_uncommitted, "exit_code": EXIT_DEADLINE},
                 )
         await stop_all(self._reader, self._publisher)
-        for task in (self._ticker, self._trimmer, self._refusals):
-            if task is not None:
-                task.cancel()
+        for task in filter(None, (self._ticker, self._trimmer, self._refusals)):
+            task.cancel()
         if self._http is not None:
             self._http.shutdown()
 
@@ -319,7 +320,7 @@ async def _trim_memory() -> None:
 
 async def _wait_for_kafka(
     settings: Settings, observer: MetricsObserver, failures: FailurePolicy
-) -> None:
+) -> StoreTopic | None:
     """Create topics, retrying with backoff until reachable, with one clear log line per try
     (the broker unreachable, or refusing its certificate's trust or the credentials), and until
     the user may use them (one line per permission refused, :mod:`worker.stream.permissions`);
@@ -330,14 +331,14 @@ async def _wait_for_kafka(
     for attempt in itertools.count(1):
         delay = next(delays)
         try:
-            await ensure_topics(settings, outputs)
+            _, store = await ensure_topics(settings, outputs)
             observer.broker.reached()
             if refused is not None:
                 observer.permissions.granted(refused)
-            return
+            return store
         except TopicNotAuthorized as exc:
             observer.broker.reached()  # it answered: a refusal, not an outage
-            topic = _topic_refusal(settings, exc.topic)
+            topic = topic_refusal(settings, exc.topic)
             if refused is not None and refused != topic:
                 observer.permissions.granted(refused)  # granted: the next topic was refused
             refused = topic
@@ -362,13 +363,7 @@ async def _wait_for_kafka(
                 },
             )
         await asyncio.sleep(delay)
-
-
-def _topic_refusal(settings: Settings, topic: str) -> Refusal:
-    """What the worker needs on a topic it may neither see nor create: Read on the input, Write
-    on an output, or else Create for the worker to create it."""
-    operation = "Read" if topic == settings.input_topic else "Write"
-    return Refusal(operation, "topic", topic, "or Create, for the worker to create it")
+    raise AssertionError("unreachable")
 
 
 def create_app(

@@ -22,6 +22,7 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
+from worker.core.cache_store import ENTRY_BYTES, StoreTopic
 from worker.core.records import SourceRecord
 from worker.io import unreadable
 from worker.io.tls import TLS_PROTOCOLS, tls_context
@@ -110,8 +111,11 @@ async def _partitions(admin: AIOKafkaAdminClient, topic: str) -> list[int]:
     return sorted(p["partition"] for p in described.get("partitions", ()))
 
 
-async def ensure_topics(settings: Settings, output_topics: Sequence[str]) -> int:
-    """Create the input topic (if missing) and the output topics; returns input partitions."""
+async def ensure_topics(
+    settings: Settings, output_topics: Sequence[str]
+) -> tuple[int, StoreTopic | None]:
+    """Create the input topic (if missing), the output topics and the cache store's; returns
+    the input's partition count and the store (None when KP_CACHE_STORE_TOPIC is empty)."""
     async with _admin(settings) as admin:
         existing = set(await admin.list_topics())
         if settings.input_topic in existing:
@@ -122,7 +126,13 @@ async def ensure_topics(settings: Settings, output_topics: Sequence[str]) -> int
                 admin, [NewTopic(settings.input_topic, partitions, settings.replication_factor)]
             )
     await create_topics(settings, output_topics, settings.output_partitions or partitions)
-    return partitions
+    name = settings.cache_store_topic
+    if not name:
+        return partitions, None
+    async with _admin(settings) as admin:
+        if name not in await admin.list_topics():
+            await _create(admin, [_store_topic(name, partitions, settings)])
+        return partitions, StoreTopic(name, len(await _partitions(admin, name)) or partitions)
 
 
 async def create_topics(settings: Settings, names: Sequence[str], partitions: int) -> None:
@@ -142,6 +152,20 @@ def _output_topic(name: str, partitions: int, settings: Settings) -> NewTopic:
         partitions,
         settings.replication_factor,
         topic_configs={"max.message.bytes": str(settings.output_record_limit)},
+    )
+
+
+def _store_topic(name: str, partitions: int, settings: Settings) -> NewTopic:
+    """The cache store (:mod:`worker.core.cache_store`): one partition per input partition,
+    kept by size, not age (an idle partition's cache never expires in the worker either): at
+    least three segments of a full cache's entries, where a restore reads two caches' worth."""
+    segment = max(1_048_576, settings.cache_capacity * ENTRY_BYTES)
+    configs = {"retention.ms": "-1", "segment.bytes": str(segment)}
+    return NewTopic(
+        name,
+        partitions,
+        settings.replication_factor,
+        topic_configs={**configs, "retention.bytes": str(4 * segment)},
     )
 
 
@@ -225,6 +249,8 @@ class PartitionLogReader:
         command run by hand); None keeps the client's default (the worker)."""
         self._settings = settings
         self._group_id = group_id
+        # One client reads one partition at a time (each read assigns it): reads take turns.
+        self._reading = asyncio.Lock()
         unreadable.install(settings.max_batch_bytes)
         timeout: dict[str, int] = {}
         if give_up_after_seconds is not None:
@@ -266,11 +292,12 @@ class PartitionLogReader:
         every broker (an end-offsets request is not on some). A fetch past the end goes back to
         the log's start, and reports the end as well."""
         tp = TopicPartition(topic, partition)
-        self._consumer.assign([tp])  # a new assignment: no high watermark known yet
-        self._consumer.seek(tp, near)
-        async with asyncio.timeout(COMMAND_GIVE_UP_SECONDS):
-            while (end := self._consumer.highwater(tp)) is None:
-                await self._consumer.getmany(tp, timeout_ms=END_FETCH_TIMEOUT_MS, max_records=1)
+        async with self._reading:
+            self._consumer.assign([tp])  # a new assignment: no high watermark known yet
+            self._consumer.seek(tp, near)
+            async with asyncio.timeout(COMMAND_GIVE_UP_SECONDS):
+                while (end := self._consumer.highwater(tp)) is None:
+                    await self._consumer.getmany(tp, timeout_ms=END_FETCH_TIMEOUT_MS, max_records=1)
         return int(end)
 
     async def partitions(self, topic: str) -> list[int]:
@@ -369,8 +396,9 @@ class PartitionLogReader:
         """Records with start <= offset < end, in offset order."""
         if end <= start:
             return []
-        return [
-            record
-            async for chunk in self.iter_range(topic, partition, start, end)
-            for record in chunk
-        ]
+        async with self._reading:
+            return [
+                record
+                async for chunk in self.iter_range(topic, partition, start, end)
+                for record in chunk
+            ]

@@ -7,6 +7,7 @@ write to (no Write ACL) is reported by name and retried like an outage until it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from aiokafka.errors import (
     UnsupportedVersionError,
 )
 
+from worker.core.cache_store import StoreTopic
 from worker.core.output import is_refused_form, output_topics, refused, without_value
 from worker.core.records import Decision, RoutedRecord
 from worker.io.access import AUTHORIZATION_ERRORS
@@ -48,10 +50,13 @@ class Publisher:
         topics: dict[Decision, str] | None = None,
         observer: MetricsObserver | None = None,
         give_up_after_seconds: float | None = None,
+        store: StoreTopic | None = None,
     ) -> None:
         """``give_up_after_seconds``: raise once publishing has failed for that long (a
-        command run by hand); None retries for as long as it takes (the worker)."""
+        command run by hand); None retries for as long as it takes (the worker). ``store``:
+        where records' cache entries go (None: nowhere)."""
         self._give_up_after = give_up_after_seconds
+        self._store = store
         self._topics = topics or output_topics(settings)
         self._observer = observer or MetricsObserver()
         self._settings = settings
@@ -138,6 +143,37 @@ class Publisher:
         )
         return await self._send(smaller, producer)
 
+    async def _send_entries(
+        self, routed: Sequence[RoutedRecord], producer: AIOKafkaProducer | None = None
+    ) -> list[asyncio.Future[Any]]:
+        """Hand the records' cache entries to ``producer`` (else the publisher's own)."""
+        store = self._store
+        if store is None:
+            return []
+        return [
+            await (producer or self._producer).send(
+                store.name,
+                key=record.cache_entry[0],
+                value=record.cache_entry[1],
+                partition=store.partition_of(record.source.partition),
+            )
+            for record in routed
+            if record.cache_entry is not None
+        ]
+
+    def _entry_sent(self, sent: asyncio.Future[Any]) -> None:
+        """An entry is not retried: without it, a takeover embeds its trace again. A refused
+        Write on the store is reported like an output's (``/readyz`` not ready meanwhile)."""
+        assert self._store is not None
+        refusal = Refusal("Write", "topic", self._store.name)
+        error = None if sent.cancelled() else sent.exception()
+        if error is None:
+            self._observer.permissions.granted(refusal)
+            return
+        self._observer.cache_entry_lost()
+        if isinstance(error, AUTHORIZATION_ERRORS):
+            self._observer.permissions.refused(refusal)
+
     def _smaller(self, record: RoutedRecord, refusal: Exception) -> RoutedRecord | None:
         """What to publish instead of a refused record: too large, the same without its value
         (the input's headers kept); otherwise, or still refused, the least a dead letter can
@@ -179,6 +215,11 @@ class Publisher:
             for topic in refused:
                 self._observer.permissions.refused(Refusal("Write", "topic", topic))
             if not failed:
+                # At least once: an entry goes out once its output is acknowledged, so no
+                # entry is ever visible before its output.
+                with contextlib.suppress(KafkaError):  # a stopped producer: none is kept
+                    for sent in await self._send_entries(routed):
+                        sent.add_done_callback(self._entry_sent)
                 self._observer.broker.published()
                 for topic in {self._topics[record.decision] for record in routed}:
                     self._observer.permissions.granted(Refusal("Write", "topic", topic))

@@ -28,6 +28,7 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
 )
 
+from worker.core.cache_store import StoreTopic
 from worker.core.failures import PartitionLost
 from worker.core.records import Decision, RoutedRecord
 from worker.io.kafka import stop_client
@@ -66,8 +67,9 @@ class TransactionalPublisher(Publisher):
         settings: Settings,
         topics: dict[Decision, str] | None = None,
         observer: MetricsObserver | None = None,
+        store: StoreTopic | None = None,
     ) -> None:
-        super().__init__(settings, topics, observer)
+        super().__init__(settings, topics, observer, store=store)
         self._group_id = settings.group_id
         self._owned: dict[Partition, _Owned] = {}
         # One assignment at a time: two producers of one partition would fence each other.
@@ -162,6 +164,8 @@ class TransactionalPublisher(Publisher):
                     await owned.producer.begin_transaction()
                     owned.next_offset = routed[0].source.offset
                 sent = [await self._send(record, owned.producer) for record in routed]
+                # Entries in the same transaction: visible with their outputs, or never.
+                sent += await self._send_entries(routed, owned.producer)
             except FENCED as exc:
                 await self._lost(tp, owned, exc)
                 raise PartitionLost(f"{tp[0]}[{tp[1]}]: another worker owns it now") from exc

@@ -77,11 +77,18 @@ embedder_info = Info("kp_embedder", "Embedding model in use, or why there is non
 in_flight = Gauge("kp_records_in_flight", "Records received and not yet acknowledged downstream")
 cache_rebuild_seconds = Histogram(
     "kp_cache_rebuild_seconds",
-    "Time to rebuild a partition's novelty cache from its log on assignment",
+    "Time to rebuild a partition's novelty cache on assignment (store reads and model runs)",
     buckets=REBUILD_BUCKETS,
 )
 cache_rebuild_records = Counter(
-    "kp_cache_rebuild_records_total", "Records re-embedded to rebuild novelty caches"
+    "kp_cache_rebuild_records_total",
+    "Traces put back in novelty caches on assignment, by where their vector came from "
+    "(store: read from the cache store; model: embedded again)",
+    ["source"],
+)
+cache_store_failures = Counter(
+    "kp_cache_store_write_failures_total",
+    "Cache entries the broker did not take (their traces are embedded again on takeover)",
 )
 gap_records = Counter(
     "kp_gap_records_total",

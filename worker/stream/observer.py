@@ -159,9 +159,14 @@ class MetricsObserver:
         if entries is not None:
             metrics.cache_entries.labels(tp[0], str(tp[1])).set(entries)
 
-    def cache_rebuilt(self, seconds: float, records: int) -> None:
+    def cache_rebuilt(self, seconds: float, restored: int, embedded: int) -> None:
+        """A partition's cache is ready: ``restored`` rows read from the store, ``embedded``."""
         metrics.cache_rebuild_seconds.observe(seconds)
-        metrics.cache_rebuild_records.inc(records)
+        metrics.cache_rebuild_records.labels("store").inc(restored)
+        metrics.cache_rebuild_records.labels("model").inc(embedded)
+
+    def cache_entry_lost(self) -> None:
+        metrics.cache_store_failures.inc()
 
     def gap_read(self, records: int) -> None:
         metrics.gap_records.inc(records)

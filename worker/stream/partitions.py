@@ -15,6 +15,9 @@ offset to score, epoch and the order its records are scored in.
 - Forgetting a partition (revocation, failure) bumps its epoch: work of an older epoch still
   in the pipeline leaves no state behind, and a rebuild under way for it is given up, as it is
   when the worker stops: its records are left to the partition's next owner.
+- A rebuild takes each trace's row from the cache store (:mod:`worker.core.cache_store`)
+  where it finds a sound one, and embeds the others. Partitions are initialised side by side,
+  each under its own lock: none waits for another's rebuild (reads of the log take turns).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
+from worker.core.cache_store import StoreTopic
 from worker.core.records import SourceRecord
 from worker.core.scorer import Scorer
 from worker.core.trace import Trace
@@ -38,6 +44,10 @@ TopicPartition = tuple[str, int]
 # Rebuild reads back in steps of this many records beyond the cache capacity to find
 # enough valid traces when some preceding records were dead-lettered.
 REBUILD_EXTRA_STEP = 256
+# A restore reads this many times the cache capacity from the end of the store's partition:
+# beyond its partition's last ``capacity`` entries, room for entries of records scored again
+# (redelivered, or after the committed offset by a previous owner).
+STORE_READ_CAPACITIES = 2
 # A rebuild embeds this many traces at a time and gives up between two such steps once its
 # partition is revoked or the worker stops, so that neither waits for the whole cache (1,000
 # traces took 6 s on 2 cores): a step is ~0.5 s of model runs at ~60 texts/s.
@@ -51,6 +61,7 @@ class LogReader(Protocol):
     async def read(
         self, topic: str, partition: int, start: int, end: int
     ) -> list[SourceRecord]: ...
+    async def partitions(self, topic: str) -> list[int]: ...
 
 
 @dataclass
@@ -73,13 +84,16 @@ class Partitions:
         reader: LogReader,
         observer: MetricsObserver,
         log_restarted: LogRestarted,
+        store: StoreTopic | None = None,
     ) -> None:
         """``log_restarted`` is awaited when a partition's log started over, once its state is
-        forgotten and before the new log's records are taken."""
+        forgotten and before the new log's records are taken. ``store``: where rebuilds read
+        stored cache entries (None: every trace is embedded)."""
         self.scorer = scorer
         self.reader = reader
         self.observer = observer
         self.log_restarted = log_restarted
+        self.store = store
         self._next_offset: dict[TopicPartition, int] = {}
         # The next offset each partition had reached, kept when it is forgotten: a log found
         # below it later went back. And where the consumer was sent back from to its log start.
@@ -91,7 +105,7 @@ class Partitions:
         self._epochs: dict[TopicPartition, int] = defaultdict(int)
         self._last_scored: dict[TopicPartition, asyncio.Future[None]] = {}
         self._assigned: set[TopicPartition] = set()
-        self._lock = asyncio.Lock()
+        self._locks: defaultdict[TopicPartition, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._stopping = False
 
     def stop(self) -> None:
@@ -145,27 +159,27 @@ class Partitions:
         return previous
 
     async def prepare(self, partitions: Sequence[TopicPartition]) -> None:
-        """Initialise newly assigned partitions before their records arrive (a failure here
-        is retried by the partition's first record)."""
-        async with self._lock:
-            for tp in partitions:
-                if self._stopping:
-                    return
-                # Initialised by a record meanwhile, or revoked while earlier ones rebuilt.
-                if tp in self._next_offset or tp not in self._assigned:
-                    continue
-                try:
-                    await self._initialise(tp, None)
-                except Exception as exc:
-                    log.warning(
-                        "could not prepare partition ahead of its records",
-                        extra={"topic": tp[0], "partition": tp[1], "error": repr(exc)[:300]},
-                    )
+        """Initialise newly assigned partitions side by side before their records arrive (a
+        failure here is retried by the partition's first record)."""
+        await asyncio.gather(*(self._prepare(tp) for tp in partitions))
+
+    async def _prepare(self, tp: TopicPartition) -> None:
+        async with self._locks[tp]:
+            # Stopping, initialised by a record meanwhile, or revoked since.
+            if self._stopping or tp in self._next_offset or tp not in self._assigned:
+                return
+            try:
+                await self._initialise(tp, None)
+            except Exception as exc:
+                log.warning(
+                    "could not prepare partition ahead of its records",
+                    extra={"topic": tp[0], "partition": tp[1], "error": repr(exc)[:300]},
+                )
 
     async def admit(self, tp: TopicPartition, delivered: Sequence[SourceRecord]) -> Admitted:
         """Which of a partition's delivered records to score (with skipped ones from the log
         before them) and which were scored already. ``delivered`` is in offset order."""
-        async with self._lock:
+        async with self._locks[tp]:
             first = delivered[0].offset
             if tp in self._next_offset:
                 await self._started_over(tp, first)  # forgotten if so: initialised anew below
@@ -289,7 +303,8 @@ class Partitions:
 
         The cache held the last ``capacity`` valid traces before ``before``; dead-lettered
         records never entered it, so the read goes back until it has that many valid ones.
-        Returns the traces embedded; fewer than that when given up (revoked, or stopping).
+        Each trace's row comes from the cache store if it holds a sound one, else from the
+        model. Returns the traces added; fewer than that when given up (revoked, or stopping).
         """
         if not self.scorer.has_embedder:
             return 0
@@ -307,7 +322,8 @@ class Partitions:
                 break
             end, start = start, max(low, start - (capacity - len(traces)) - REBUILD_EXTRA_STEP)
         traces = traces[-capacity:]
-        embedded = 0
+        stored = await self._stored_rows(tp) if traces else {}
+        restored = embedded = 0
         for first in range(0, len(traces), REBUILD_STEP_TRACES):
             if self._given_up(tp, epoch):
                 log.info(
@@ -315,24 +331,51 @@ class Partitions:
                     extra={
                         "topic": topic,
                         "partition": partition,
-                        "records": embedded,
+                        "records": restored + embedded,
                         "reason": "stopping" if self._stopping else "revoked",
                     },
                 )
-                return embedded
+                return restored + embedded
             step = traces[first : first + REBUILD_STEP_TRACES]
-            embedded += await asyncio.to_thread(self.scorer.warm_partition, tp, step)
-        if not embedded:
+            from_store, from_model = await asyncio.to_thread(
+                self.scorer.warm_partition, tp, step, stored
+            )
+            restored, embedded = restored + from_store, embedded + from_model
+        if not traces:
             return 0
         seconds = time.monotonic() - began
-        self.observer.cache_rebuilt(seconds, embedded)
+        self.observer.cache_rebuilt(seconds, restored, embedded)
         log.info(
             "rebuilt novelty cache",
             extra={
                 "topic": topic,
                 "partition": partition,
-                "records": embedded,
+                "records": restored + embedded,
+                "restored": restored,
+                "embedded": embedded,
                 "seconds": round(seconds, 3),
             },
         )
-        return embedded
+        return restored + embedded
+
+    async def _stored_rows(self, tp: TopicPartition) -> dict[bytes, np.ndarray]:
+        """The sound rows at the end of tp's partition of the cache store, by text key; none
+        when there is no store, or it cannot be read (warning line): the traces are embedded."""
+        store = self.store
+        if store is None:
+            return {}
+        partition = store.partition_of(tp[1])
+        try:
+            if partition not in await self.reader.partitions(store.name):
+                raise LookupError(f"topic {store.name!r} has no partition {partition}")
+            low = await self.reader.first_offset(store.name, partition)
+            end = await self.reader.log_end(store.name, partition, low)
+            span = STORE_READ_CAPACITIES * self.scorer.cache_capacity + REBUILD_EXTRA_STEP
+            records = await self.reader.read(store.name, partition, max(low, end - span), end)
+        except Exception as exc:
+            log.warning(
+                "novelty cache store unreadable; embedding the partition's cache instead",
+                extra={"topic": tp[0], "partition": tp[1], "error": repr(exc)[:300]},
+            )
+            return {}
+        return self.scorer.stored_rows(records)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from worker.core.cache_store import StoreTopic
 from worker.core.failures import FailurePolicy
 from worker.core.output import with_scorer_header
 from worker.core.records import RoutedRecord, SourceRecord
@@ -67,16 +68,19 @@ class StreamScorer:
         failures: FailurePolicy | None = None,
         observer: MetricsObserver | None = None,
         timing_header: bool = False,
+        store: StoreTopic | None = None,
     ) -> None:
         """``timing_header``: each output carries its stages in ``kp-timing-ms``
-        (KP_TIMING_HEADER)."""
+        (KP_TIMING_HEADER). ``store``: the cache store, where each output's cache entry goes
+        and caches are restored from."""
         if max_in_flight_records < 1:
             raise ValueError("max_in_flight_records must be positive")
         self.scorer = scorer
         self.checkpoint = Checkpoint(publisher)
         self.failures = failures or FailurePolicy()
         self.observer = observer or MetricsObserver()
-        self.partitions = Partitions(scorer, reader, self.observer, self._log_restarted)
+        self.partitions = Partitions(scorer, reader, self.observer, self._log_restarted, store)
+        self.store = store
         self.timing_header = timing_header
         self._embedding: dict[bytes, asyncio.Future[np.ndarray]] = {}
         self._slots = asyncio.Semaphore(max_in_flight_records)
@@ -196,6 +200,8 @@ class StreamScorer:
                 return
             timing.ordered = time.monotonic()
             routed, timing.novelty, timing.score = self.scorer.finish([prepared])
+            if self.store is not None:
+                routed = [self.scorer.with_cache_entry(routed[0], prepared)]
             job.scored.set_result(None)
             if self.timing_header:
                 routed = [with_scorer_header(routed[0], timing.header())]

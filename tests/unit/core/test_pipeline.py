@@ -521,7 +521,7 @@ def test_warm_partition_rebuilds_the_cache() -> None:
     s = scorer(embedder=FakeEmbedder())
     traces = s.valid_traces(history)
     assert [rec.offset for rec, _ in traces] == [0, 2]  # dead-lettered input is skipped
-    assert s.warm_partition((TOPIC, 0), traces) == 2
+    assert s.warm_partition((TOPIC, 0), traces) == (0, 2)
     assert s.caches.sizes() == {(TOPIC, 0): 2}
     routed = score_one(s, texts_record("seen before", 3))
     assert novelty_of(routed)[0] == pytest.approx(0.0, abs=1e-5)
@@ -529,8 +529,8 @@ def test_warm_partition_rebuilds_the_cache() -> None:
     live = scorer(embedder=FakeEmbedder())
     live.score_batch(history)
     assert score_one(live, texts_record("seen before", 3)).value == routed.value
-    assert scorer().warm_partition((TOPIC, 0), traces) == 0  # no embedder: nothing to rebuild
-    assert scorer(embedder=FakeEmbedder()).warm_partition((TOPIC, 0), []) == 0
+    assert scorer().warm_partition((TOPIC, 0), traces) == (0, 0)  # no embedder: nothing to rebuild
+    assert scorer(embedder=FakeEmbedder()).warm_partition((TOPIC, 0), []) == (0, 0)
 
 
 def test_warm_partition_with_expiry_matches_the_live_run() -> None:
@@ -552,7 +552,7 @@ def test_warm_partition_with_expiry_matches_the_live_run() -> None:
 
     rebuilt = scorer(embedder=FakeEmbedder(), ttl_ms=1_000, capacity=2)
     traces = rebuilt.valid_traces(history)
-    assert rebuilt.warm_partition((TOPIC, 0), traces) == 3
+    assert rebuilt.warm_partition((TOPIC, 0), traces) == (0, 3)
     got = rebuilt.score_batch(upcoming).routed
     assert [r.value for r in got] == [r.value for r in expected]
     assert novelty_of(got[0])[0] == pytest.approx(0.0, abs=1e-5)

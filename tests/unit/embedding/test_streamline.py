@@ -51,6 +51,7 @@ def embedder_over(session: ort.InferenceSession, batch_size: int) -> OnnxEmbedde
         model=session,
         encoder=Encoder(tokenizer, pad_id, 256, inputs),
         model_id="test",
+        identity="test",
         batch_size=batch_size,
     )
 

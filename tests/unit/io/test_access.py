@@ -66,10 +66,10 @@ def test_the_start_waits_for_a_refused_topic_with_one_line_and_the_broker_reache
 ) -> None:
     refused = ["kp.traces.raw", "kp.traces.raw", "kp.traces.accepted"]
 
-    async def ensure_topics(settings: Any, outputs: Any) -> int:
+    async def ensure_topics(settings: Any, outputs: Any) -> tuple[int, None]:
         if refused:
             raise kafka.TopicNotAuthorized(refused.pop(0))
-        return 1
+        return 1, None
 
     monkeypatch.setattr(app, "ensure_topics", ensure_topics)
     caplog.set_level(logging.INFO, logger="worker")
@@ -92,10 +92,10 @@ def test_a_refused_connection_is_said_as_what_to_check(
 ) -> None:
     tries = [KafkaConnectionError("Unable to bootstrap from [...]")]
 
-    async def ensure_topics(settings: Any, outputs: Any) -> int:
+    async def ensure_topics(settings: Any, outputs: Any) -> tuple[int, None]:
         if tries:
             raise tries.pop()
-        return 1
+        return 1, None
 
     async def diagnosed(settings: Any) -> ConnectionRefusal:
         return ConnectionRefusal("Kafka refused the SASL credentials of user 'u'", "bad", "X")
