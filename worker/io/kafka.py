@@ -263,6 +263,8 @@ class PartitionLogReader:
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=settings.fetch_max_bytes,
             fetch_max_bytes=settings.fetch_max_bytes,
+            # A broker that holds a fetch until the wait runs out holds each read that long.
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,
             # A transactional producer's aborted records are neither scored nor read back.
             isolation_level="read_committed",
         )
