@@ -5,8 +5,8 @@ scored, and profiles, thresholds and overrides never change novelty. So ``score_
 the recorded trace with the recorded novelty gives exactly what scoring the trace from
 scratch with the new settings gives, without a model or a cache: arithmetic only.
 
-A record that cannot be re-scored that way (not a scored output, an envelope missing what is
-needed, novelty that was a stand-in for a missing model, a trace this version scores
+A record that cannot be re-scored that way (not a scored output, one that breaks the output
+schema, novelty that was a stand-in for a missing model, a trace this version scores
 differently) is answered with the reason, never with a guess. Pure; no I/O.
 """
 
@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from worker.core.errors import TraceError
 from worker.core.output import HEADER_PREFIX, producer_headers, scored_value, verdict_headers
 from worker.core.records import Decision, RoutedRecord, SourceRecord
-from worker.core.schema import check_trace_document
+from worker.core.schema import output_violation
 from worker.core.scoring import (
     DIMENSION_NAMES,
     Novelty,
@@ -63,7 +62,6 @@ def delta_rows(histogram: Sequence[int]) -> list[tuple[str, float, float, int]]:
 MAX_EXAMPLES = 20
 _DECISIONS = {d.value: d for d in (Decision.ACCEPTED, Decision.REJECTED)}
 _NOVELTY_SOURCES = {s.value: s for s in NoveltySource}
-_NUMBERS = (float, int)  # as orjson decodes JSON numbers (bool is neither)
 
 
 # A trace as producers publish it, never scored: `kp-scorer score` (or `replay`) is what it needs.
@@ -74,9 +72,9 @@ class Unrescorable(StrEnum):
     """Why a recorded output was not re-scored."""
 
     NOT_AN_OUTPUT = "not_an_output"  # not JSON, or not a scored-trace envelope at all
-    INCOMPLETE = "incomplete"  # the envelope lacks a field re-scoring needs (older scorer)
+    INCOMPLETE = "incomplete"  # the envelope breaks the output schema (a field missing, ...)
     NO_EMBEDDER = "no_embedder"  # novelty was the 0.5 stand-in of a scorer without a model
-    INVALID_TRACE = "invalid_trace"  # the recorded trace is not one this version would score
+    INVALID_TRACE = "invalid_trace"  # the trace breaks today's trace schema
     DIMENSIONS_DIFFER = "dimensions_differ"  # this version derives other dimensions from it
 
 
@@ -116,20 +114,6 @@ def decoded(raw: bytes) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         return NotRescored(Unrescorable.NOT_AN_OUTPUT, f"not JSON: {str(exc)[:120]}")
-
-
-class _Missing(Exception):
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-
-def _field(parent: dict[str, Any], name: str, types: tuple[type, ...], within: str = "") -> Any:
-    """``parent[name]`` if its exact type is one of ``types`` (type() rather than isinstance:
-    a bool is no number here, and this runs for every field of every record)."""
-    value = parent.get(name)
-    if type(value) not in types:
-        raise _Missing(within + name)
-    return value
 
 
 @dataclass(frozen=True)
@@ -172,63 +156,26 @@ class Rescorer:
         scorer = recorded.get("scorer")
         version = scorer.get("version") if type(scorer) is dict else None
         version = version if type(version) is str else None
-        try:
-            return self._rescore(recorded, version)
-        except _Missing as missing:
-            return NotRescored(
-                Unrescorable.INCOMPLETE,
-                f"the recorded output lacks {missing.path} (or it is malformed)",
-                version,
-            )
-
-    def _rescore(self, recorded: dict[str, Any], version: str | None) -> Rescored | NotRescored:
-        if version is None:
-            raise _Missing("scorer.version")
-        scorer = recorded["scorer"]
-        # A null model is recorded (a scorer without one); an absent one is missing.
-        model = _field(
-            scorer, "model", (str, type(None)) if "model" in scorer else (str,), "scorer."
-        )
-        available = _field(scorer, "embedder_available", (bool,), "scorer.")
-        origin = scorer.get("rescore_of", version)
-        if type(origin) is not str:
-            raise _Missing("scorer.rescore_of")
-        _field(recorded, "source", (dict,))
-        score = _field(recorded, "score", (dict,))
-        dimensions = _field(score, "dimensions", (dict,), "score.")
-        recorded_dimensions = tuple(
-            _field(dimensions, name, _NUMBERS, "score.dimensions.") for name in DIMENSION_NAMES
-        )
-        novelty_source = _NOVELTY_SOURCES.get(_field(score, "novelty_source", (str,), "score."))
-        if novelty_source is None:
-            raise _Missing("score.novelty_source")
-        before_score = _field(score, "score", _NUMBERS, "score.")
-        before = _DECISIONS.get(_field(score, "decision", (str,), "score."))
-        if before is None:
-            raise _Missing("score.decision")
+        # The output schema, today's trace rules included, whatever version the output names:
+        # a rule added since it was scored (or an edited output) must not give a score to a
+        # trace this worker would dead-letter. The envelope's errors are reported first.
+        broken = output_violation(recorded)
+        if broken is not None and not broken[0]:
+            return NotRescored(Unrescorable.INCOMPLETE, broken[1][:300], version)
+        score, scorer = recorded["score"], recorded["scorer"]
+        novelty_source = _NOVELTY_SOURCES[score["novelty_source"]]
         if novelty_source is NoveltySource.NO_EMBEDDER:
             return NotRescored(
                 Unrescorable.NO_EMBEDDER,
                 "scored without an embedding model: novelty 0.5 was a stand-in, not a measure",
                 version,
             )
-        # Today's rules, whatever version the output names: a rule added since it was scored
-        # (or an edited output) must not give a score to a trace this worker would dead-letter.
-        try:
-            check_trace_document(recorded["trace"])
-        except TraceError as error:
-            return NotRescored(Unrescorable.INVALID_TRACE, error.reason[:300], version)
+        if broken is not None:
+            return NotRescored(Unrescorable.INVALID_TRACE, broken[1][:300], version)
+        recorded_dimensions = tuple(score["dimensions"][name] for name in DIMENSION_NAMES)
         trace = Trace(recorded["trace"])
         novelty = Novelty(recorded_dimensions[1], novelty_source)
-        try:
-            breakdown = score_trace(trace, novelty, self.profiles)
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            # An edited output: its trace is no longer one the scorer could have scored.
-            return NotRescored(
-                Unrescorable.INVALID_TRACE,
-                f"cannot score the recorded trace: {exc!r}"[:300],
-                version,
-            )
+        breakdown = score_trace(trace, novelty, self.profiles)
         for name, was in zip(DIMENSION_NAMES, recorded_dimensions, strict=True):
             now = getattr(breakdown.dimensions, name)
             if now != was:
@@ -238,6 +185,7 @@ class Rescorer:
                     version,
                 )
         domain = trace.domain
+        origin = scorer.get("rescore_of", version)
         threshold = self.threshold_for(domain)
         decision = Decision.of(breakdown.score, threshold)
         value = scored_value(
@@ -245,12 +193,7 @@ class Rescorer:
             breakdown,
             threshold,
             decision,
-            {
-                "version": __version__,
-                "model": model,
-                "embedder_available": available,
-                "rescore_of": origin,
-            },
+            {**scorer, "version": __version__, "rescore_of": origin},
             recorded["source"],
         )
         return Rescored(
@@ -258,8 +201,8 @@ class Rescorer:
             breakdown=breakdown,
             threshold=threshold,
             decision=decision,
-            before_score=float(before_score),
-            before_decision=before,
+            before_score=float(score["score"]),
+            before_decision=_DECISIONS[score["decision"]],
             domain=domain,
             rescore_of=origin,
         )

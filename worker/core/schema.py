@@ -1,4 +1,5 @@
-"""The trace schema: its rules live only in ``schemas/reasoning-trace.schema.json``.
+"""The trace and output schemas: their rules live only in ``schemas/reasoning-trace.schema.json``
+and ``schemas/scored-trace.schema.json`` (which holds the trace schema for its ``trace``).
 
 ``jsonschema-rs`` checks a valid document in one call that builds no error object (~1.5 ms for
 the largest trace, ``bench/hostile_inputs.py``). An invalid one is described by the first error
@@ -21,13 +22,18 @@ from worker.core.errors import SchemaViolationError, snippet
 
 SCHEMA_DIR = Path(__file__).parent.parent / "schemas"
 TRACE_SCHEMA_PATH = SCHEMA_DIR / "reasoning-trace.schema.json"
+OUTPUT_SCHEMA_PATH = SCHEMA_DIR / "scored-trace.schema.json"
 _PATH_CHARS = 120
 
 
 @cache
-def _validator() -> jsonschema_rs.Validator:
-    schema = orjson.loads(TRACE_SCHEMA_PATH.read_bytes())
-    return jsonschema_rs.Draft202012Validator(schema, validate_formats=True)
+def _validator(path: Path = TRACE_SCHEMA_PATH) -> jsonschema_rs.Validator:
+    """The schema at ``path``, compiled once; its references to the trace schema resolve to
+    the file."""
+    trace = orjson.loads(TRACE_SCHEMA_PATH.read_bytes())
+    registry = jsonschema_rs.Registry([(trace["$id"], trace)])
+    schema = orjson.loads(path.read_bytes())
+    return jsonschema_rs.Draft202012Validator(schema, validate_formats=True, registry=registry)
 
 
 def json_path(path: Sequence[str | int]) -> str:
@@ -49,6 +55,8 @@ def _describe(error: jsonschema_rs.ValidationError) -> str:
         return f"{where}: expected {names}, got {type(got).__name__} {snippet(got)}"
     if rule == "required":
         return f"{where}: missing required field {expected!r}"
+    if rule == "additionalProperties":
+        return f"{where}: unexpected field(s) {snippet(expected)}"
     if rule == "enum":
         return f"{where}: {snippet(got)} is not one of {', '.join(map(str, expected or ()))}"
     if rule == "const":
@@ -78,3 +86,21 @@ def check_trace_document(document: dict[str, Any]) -> None:
         # never passes one.
         reason = f"(root): not a JSON document ({str(exc)[:120]})"
         raise SchemaViolationError(reason) from None
+
+
+def output_violation(document: dict[str, Any]) -> tuple[bool, str] | None:
+    """Why a decoded scored output breaks the output schema (its trace today's trace rules
+    included), or None: whether the error is in the trace, and the reason at its path. The
+    envelope's errors come before the trace's."""
+    validator = _validator(OUTPUT_SCHEMA_PATH)
+    try:
+        if validator.is_valid(document):
+            return None
+        errors = sorted(validator.iter_errors(document), key=_in_trace)
+    except ValueError as exc:  # a value JSON cannot hold, from a mapping given to the API
+        return False, f"(root): not a JSON document ({str(exc)[:120]})"
+    return _in_trace(errors[0]), _describe(errors[0])
+
+
+def _in_trace(error: jsonschema_rs.ValidationError) -> bool:
+    return error.instance_path[:1] == ["trace"]

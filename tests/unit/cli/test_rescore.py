@@ -239,16 +239,17 @@ def test_unrescorable_lines_are_reported_in_place_and_counted(recorded: list[byt
         12: "invalid_trace",
     }
     assert all(out[n - 1]["line"] == n for n in reasons)
-    assert "score.novelty_source" in out[3]["unrescorable"]["detail"]
+    # Reasons of the output schema: the path and what is wrong there.
+    assert out[3]["unrescorable"]["detail"] == "score: missing required field 'novelty_source'"
     assert out[3]["unrescorable"]["scorer_version"] == __version__
-    assert "scorer.version" in out[6]["unrescorable"]["detail"]
+    assert out[6]["unrescorable"]["detail"] == "(root): missing required field 'scorer'"
     assert out[6]["unrescorable"]["scorer_version"] is None
     assert "complexity" in out[7]["unrescorable"]["detail"]
     assert orjson.loads(recorded[10])["score"] == out[10]["score"]
     report = summary.to_json()
     assert "confidence" in out[8]["unrescorable"]["detail"]
     assert out[8]["unrescorable"]["scorer_version"] == "0.0.9"
-    assert "steps" in out[11]["unrescorable"]["detail"]
+    assert out[11]["unrescorable"]["detail"] == "trace: missing required field 'steps'"
     assert report["records"] == 12
     assert report["rescored"] == 2
     assert report["dead_letters"] == 1
@@ -260,6 +261,37 @@ def test_unrescorable_lines_are_reported_in_place_and_counted(recorded: list[byt
         "not_an_output": 3,
     }
     assert [e["at"] for e in report["unrescorable_examples"]] == [f"line {n}" for n in reasons]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "detail"),
+    [
+        (("source", "offset"), None, "source: missing required field 'offset'"),
+        (("score", "score"), 1.5, "score.score: 1.5 must be at most 1"),
+        (("note",), "added", "(root): unexpected field(s) ['note']"),
+    ],
+    ids=["missing", "out-of-range", "unexpected"],
+)
+def test_an_output_that_breaks_the_output_schema_is_incomplete_with_path_and_reason(
+    recorded: list[bytes], path: tuple[str, ...], value: Any, detail: str
+) -> None:
+    """Re-scoring checks a recorded output with the output schema: a field only the schema
+    asks for (checked field by field, re-scoring saw only the ones it reads) is no longer
+    carried into a re-scored output that breaks the schema. Its error comes before the
+    trace's (broken too here)."""
+    document = orjson.loads(recorded[5])
+    *parents, name = path
+    parent = document
+    for key in parents:
+        parent = parent[key]
+    if value is None:
+        del parent[name]
+    else:
+        parent[name] = value
+    document["trace"]["metadata"]["visibility"] = "public"
+    result = Rescorer(BUILTIN).rescore(document)
+    assert isinstance(result, NotRescored)
+    assert (result.reason, result.detail) == ("incomplete", detail)
 
 
 @pytest.mark.parametrize("version", [__version__, "0.0.9"], ids=["this-version", "another"])

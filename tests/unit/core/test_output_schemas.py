@@ -10,6 +10,7 @@ from referencing import Registry, Resource
 from worker.core.errors import ERROR_KINDS
 from worker.core.output import without_value
 from worker.core.records import Decision, SourceRecord
+from worker.core.schema import output_violation
 from worker.core.scorer import build_scorer
 from worker.settings import load_settings
 
@@ -48,6 +49,8 @@ def test_scored_values_follow_the_scored_trace_schema(routed) -> None:
     for record in scored:
         errors = list(check.iter_errors(orjson.loads(record.value)))
         assert not errors, errors[0].message
+        # The worker's own validator of the schema (re-scoring's) agrees.
+        assert output_violation(orjson.loads(record.value)) is None
 
 
 def test_scored_trace_schema_rejects_a_wrong_output(routed) -> None:
