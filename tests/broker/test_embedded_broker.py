@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from worker.dev import embedded_broker
-from worker.dev.embedded_broker import BrokerStartError, EmbeddedBroker, api_versions
+from worker.dev.embedded_broker import BrokerStartError, EmbeddedBroker, kafka_answers
 from worker.dev.process import free_loopback_port
 
 from support.broker_probe import KafkaUnreachableError, wait_for_kafka
@@ -30,14 +30,14 @@ def _process_exists(pid: int) -> bool:
 
 
 @pytest.mark.broker
-def test_start_answers_api_versions_and_stop_leaves_no_process(tmp_path: Path) -> None:
+def test_start_answers_a_kafka_client_and_stop_leaves_no_process(tmp_path: Path) -> None:
     log_path = tmp_path / "broker.log"
     broker = EmbeddedBroker(log_path=log_path)
     broker.start()
     try:
         assert broker.is_running()
         assert broker.bootstrap_servers == f"127.0.0.1:{broker.port}"
-        assert api_versions("127.0.0.1", broker.port, timeout=2.0) == 0
+        kafka_answers("127.0.0.1", broker.port, timeout=2.0)
         wait_for_kafka(broker.bootstrap_servers, timeout=2.0)
         assert "ready in" in log_path.read_text()
         pid = broker.pid
@@ -47,7 +47,7 @@ def test_start_answers_api_versions_and_stop_leaves_no_process(tmp_path: Path) -
     assert not broker.is_running()
     assert not _process_exists(pid)
     with pytest.raises(OSError):
-        api_versions("127.0.0.1", broker.port, timeout=0.5)
+        kafka_answers("127.0.0.1", broker.port, timeout=0.5)
     broker.stop()  # idempotent
     broker.stop(timeout=0.1)
     assert broker.pid is None
@@ -69,9 +69,9 @@ def test_two_brokers_run_side_by_side_on_different_ports() -> None:
     with EmbeddedBroker() as first, EmbeddedBroker() as second:
         assert first.port != second.port
         for broker in (first, second):
-            assert api_versions("127.0.0.1", broker.port, timeout=2.0) == 0
+            kafka_answers("127.0.0.1", broker.port, timeout=2.0)
         first.stop()
-        assert api_versions("127.0.0.1", second.port, timeout=2.0) == 0
+        kafka_answers("127.0.0.1", second.port, timeout=2.0)
 
 
 @pytest.mark.broker
@@ -94,7 +94,7 @@ def test_free_port_choice_moves_on_when_the_port_was_taken() -> None:
         try:
             mover.start(timeout=5.0)
             assert mover.port != running.port
-            assert api_versions("127.0.0.1", mover.port, timeout=2.0) == 0
+            kafka_answers("127.0.0.1", mover.port, timeout=2.0)
         finally:
             mover.stop()
 
@@ -107,12 +107,12 @@ def test_a_start_interrupted_by_ctrl_c_leaves_no_broker_running(
     broker = EmbeddedBroker()
     launched: list[int] = []
 
-    def interrupted(*args: object, **kwargs: object) -> int:
+    def interrupted(*args: object, **kwargs: object) -> None:
         assert broker.pid is not None  # the readiness probe: the broker is running
         launched.append(broker.pid)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(embedded_broker, "api_versions", interrupted)
+    monkeypatch.setattr(embedded_broker, "kafka_answers", interrupted)
     with pytest.raises(KeyboardInterrupt):
         broker.start()
     (pid,) = launched

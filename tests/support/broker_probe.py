@@ -7,12 +7,10 @@ from __future__ import annotations
 import socket
 import time
 
-from worker.dev.embedded_broker import api_versions
+from worker.dev.embedded_broker import kafka_answers
 from worker.retry import backoff
 
 PROBE_BACKOFF_SECONDS = (0.05, 0.1, 0.2, 0.4, 0.5)
-# A broker that has dropped ApiVersions v0 answers UNSUPPORTED_VERSION: still a live broker.
-LIVE_ERROR_CODES = (0, 35)
 
 
 class KafkaUnreachableError(ConnectionError):
@@ -20,7 +18,7 @@ class KafkaUnreachableError(ConnectionError):
 
 
 def wait_for_kafka(bootstrap_servers: str, timeout: float) -> None:
-    """Return once any of ``bootstrap_servers`` answers a Kafka ApiVersions request, retrying
+    """Return once any of ``bootstrap_servers`` answers a Kafka client's connection, retrying
     until ``timeout`` seconds have passed; then raise naming each server and its last error."""
     servers = _parse_bootstrap(bootstrap_servers)
     deadline = time.monotonic() + timeout
@@ -30,13 +28,10 @@ def wait_for_kafka(bootstrap_servers: str, timeout: float) -> None:
         for host, port in servers:
             remaining = deadline - time.monotonic()
             try:
-                error_code = api_versions(host, port, timeout=max(0.05, min(2.0, remaining)))
+                kafka_answers(host, port, timeout=max(0.05, min(2.0, remaining)))
+                return
             except OSError as exc:
                 last_errors[f"{host}:{port}"] = _describe_os_error(exc)
-                continue
-            if error_code in LIVE_ERROR_CODES:
-                return
-            last_errors[f"{host}:{port}"] = f"ApiVersions answered error code {error_code}"
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             details = "; ".join(f"{server}: {error}" for server, error in last_errors.items())

