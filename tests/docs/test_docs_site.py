@@ -34,6 +34,11 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert "WARNING" not in built.stderr, built.stderr
     pages = sorted(path.stem for path in DOCS.glob("*.md"))
     assert all((tmp_path / "site" / (page if page != "index" else "")).is_dir() for page in pages)
+    # Nothing is loaded from another site (a reader offline, or behind a strict proxy).
+    remote = re.compile(r'<(?:script|link|img)[^>]+(?:src|href)="(?:https?:)?//[^"]+"')
+    html = [page.read_text() for page in (tmp_path / "site").rglob("*.html")]
+    loads = {found for text in html for found in remote.findall(text)}
+    assert loads == set(), sorted(loads)[:3]
 
 
 def test_a_broken_link_or_an_unlisted_page_fails_the_build(tmp_path: Path) -> None:
