@@ -290,7 +290,6 @@ MUTANTS: tuple[Mutant, ...] = (
         new="if not key or value is None",
         tests=(
             f"{CACHE_STORE_UNIT}::test_an_entry_reads_back_bit_for_bit_for_its_own_embedder_only",
-            "tests/broker/test_cache_store.py",
         ),
         why="a worker given another model restores its caches with the old model's vectors",
     ),
@@ -303,6 +302,16 @@ MUTANTS: tuple[Mutant, ...] = (
         new="    return True",
         tests=(f"{CACHE_STORE_UNIT}::test_unsound_entries_are_not_used",),
         why="a damaged or forged store entry goes into a cache and changes novelty",
+    ),
+    Mutant(
+        name="rebuilding-partition-fetched",
+        promise="A partition taken over is scored as soon as its own cache is ready: its "
+        "records are not fetched before, so none holds the others' behind it",
+        path="worker/stream/partitions.py",
+        old="            self.hold_fetching(tp, True)\n",
+        new="",
+        tests=(f"{CACHE_STORE_UNIT}::test_a_partition_is_not_fetched_until_its_cache_is_ready",),
+        why="a record of a partition still rebuilding holds every partition's records behind it",
     ),
     Mutant(
         name="threshold-exclusive",

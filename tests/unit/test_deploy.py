@@ -19,8 +19,8 @@ import pytest
 from pydantic import AliasChoices
 
 from worker.core.scorer import build_scorer
-from worker.io import kafka
 from worker.core.scoring import BUILTIN_PROFILES, profiles_from_mapping
+from worker.io import kafka
 from worker.settings import Settings, load_settings
 
 from support.apache_kafka import kafka_version
@@ -279,9 +279,9 @@ def test_compose_topic_configs_are_the_ones_the_worker_sets(
     settings = settings_from(service("worker")["environment"], monkeypatch)
     created = topic_commands("\n".join(service("topics")["command"]))
     for name in (settings.accepted_topic, settings.rejected_topic, settings.dead_letter_topic):
-        wanted = kafka._output_topic(name, 4, settings).topic_configs
+        wanted = kafka.output_topic_spec(name, 4, settings).topic_configs
         assert created[name]["configs"] == wanted, name
-    store = kafka._store_topic(settings.cache_store_topic, 4, settings)
+    store = kafka.store_topic_spec(settings.cache_store_topic, 4, settings)
     assert created[settings.cache_store_topic]["configs"] == store.topic_configs
     assert created[settings.input_topic]["configs"] == {}
 

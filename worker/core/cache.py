@@ -155,6 +155,11 @@ class VectorCache:
         self._keys = [None] * self.max_elements
         self._slot_of_key.clear()
 
+    def entries(self) -> tuple[FloatArray, npt.NDArray[np.int64], list[bytes | None]]:
+        """Rows, event times and keys of the stored entries, oldest first (copies)."""
+        order = np.argsort(self._age_rank())
+        return self._rows[order], self._times[order], [self._keys[i] for i in order]
+
     def row_for_key(self, key: bytes) -> FloatArray | None:
         """A copy of the stored (grid) row of an entry added with ``key``, if one is held."""
         slot = self._slot_of_key.get(key)

@@ -236,6 +236,7 @@ class ScorerApp(faust.App):
         # A partition whose log started over is committed anew in faust's bookkeeping too.
         consumer: ScorerConsumer = self.consumer  # type: ignore[assignment]
         self.stream_scorer.checkpoint.consumer_forget_offsets = consumer.forget_offsets
+        self.stream_scorer.partitions.hold_fetching = consumer.hold_fetching
         observer.embedder_loaded(scorer.model_id, scorer.embedder_reason)
         log.info(
             "scorer ready",

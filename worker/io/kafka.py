@@ -131,7 +131,7 @@ async def ensure_topics(
         return partitions, None
     async with _admin(settings) as admin:
         if name not in await admin.list_topics():
-            await _create(admin, [_store_topic(name, partitions, settings)])
+            await _create(admin, [store_topic_spec(name, partitions, settings)])
         return partitions, StoreTopic(name, len(await _partitions(admin, name)) or partitions)
 
 
@@ -141,11 +141,15 @@ async def create_topics(settings: Settings, names: Sequence[str], partitions: in
         existing = set(await admin.list_topics())
         await _create(
             admin,
-            [_output_topic(name, partitions, settings) for name in names if name not in existing],
+            [
+                output_topic_spec(name, partitions, settings)
+                for name in names
+                if name not in existing
+            ],
         )
 
 
-def _output_topic(name: str, partitions: int, settings: Settings) -> NewTopic:
+def output_topic_spec(name: str, partitions: int, settings: Settings) -> NewTopic:
     # Kafka's default record limit (~1 MiB) is below what an output may need.
     return NewTopic(
         name,
@@ -155,7 +159,7 @@ def _output_topic(name: str, partitions: int, settings: Settings) -> NewTopic:
     )
 
 
-def _store_topic(name: str, partitions: int, settings: Settings) -> NewTopic:
+def store_topic_spec(name: str, partitions: int, settings: Settings) -> NewTopic:
     """The cache store (:mod:`worker.core.cache_store`): one partition per input partition,
     kept by size, not age (an idle partition's cache never expires in the worker either): at
     least three segments of a full cache's entries, where a restore reads two caches' worth."""

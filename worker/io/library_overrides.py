@@ -239,6 +239,11 @@ class ScorerConsumer(faust_aiokafka.Consumer):
         for offsets in (self._committed_offset, self._acked, self._acked_index, self._gap):
             offsets.pop(key, None)
 
+    def hold_fetching(self, tp: tuple[str, int], held: bool) -> None:
+        """Fetch nothing of ``tp`` while held: its novelty cache is being rebuilt, and a record
+        of it would hold the agent, and every other partition's records behind it, until then."""
+        self._thread.set_fetching(TP(*tp), not held)
+
     def take_refusal(self) -> None:
         """Report a permission the group coordinator was refused (ScorerConsumerThread)."""
         self._thread.take_refusal()

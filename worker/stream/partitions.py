@@ -107,6 +107,8 @@ class Partitions:
         self._assigned: set[TopicPartition] = set()
         self._locks: defaultdict[TopicPartition, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._stopping = False
+        # Set by the app: stops (True) or resumes the consumer's fetches of a partition.
+        self.hold_fetching: Callable[[TopicPartition, bool], None] = lambda tp, held: None
 
     def stop(self) -> None:
         """The worker is stopping: a rebuild under way is given up, and no other begins (the
@@ -164,10 +166,13 @@ class Partitions:
         await asyncio.gather(*(self._prepare(tp) for tp in partitions))
 
     async def _prepare(self, tp: TopicPartition) -> None:
+        """Initialise tp with its fetches held: none of its records reaches the agent (where it
+        would wait, and the records behind it with it) before its cache is ready."""
         async with self._locks[tp]:
             # Stopping, initialised by a record meanwhile, or revoked since.
             if self._stopping or tp in self._next_offset or tp not in self._assigned:
                 return
+            self.hold_fetching(tp, True)
             try:
                 await self._initialise(tp, None)
             except Exception as exc:
@@ -175,6 +180,8 @@ class Partitions:
                     "could not prepare partition ahead of its records",
                     extra={"topic": tp[0], "partition": tp[1], "error": repr(exc)[:300]},
                 )
+            finally:
+                self.hold_fetching(tp, False)
 
     async def admit(self, tp: TopicPartition, delivered: Sequence[SourceRecord]) -> Admitted:
         """Which of a partition's delivered records to score (with skipped ones from the log

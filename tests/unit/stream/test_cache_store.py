@@ -177,8 +177,8 @@ def test_unsound_entries_are_not_used() -> None:
 
 def cache_state(owner: StreamScorer) -> tuple:
     """Everything a cache holds, slot for slot."""
-    cache = owner.scorer.caches.get((TOPIC, 0))
-    return cache._rows.tobytes(), cache._times.tobytes(), cache._keys, cache._next, len(cache)
+    rows, times, keys = owner.scorer.caches.get((TOPIC, 0)).entries()
+    return rows.tobytes(), times.tobytes(), keys
 
 
 def test_a_new_owner_restores_its_cache_from_the_store_bit_for_bit() -> None:
@@ -245,3 +245,15 @@ def test_a_partition_is_scored_while_another_is_still_rebuilding() -> None:
 
     done = asyncio.run(scenario())
     assert done == {k: v for k, v in expected.items() if k[0] == 0 and k[1] >= 15}
+
+
+def test_a_partition_is_not_fetched_until_its_cache_is_ready() -> None:
+    log, _ = scored_live(inputs(30), upto=20)
+    owner, _ = stream(log)
+    held: list[tuple[tuple[str, int], bool, int | None]] = []
+    owner.partitions.hold_fetching = lambda tp, on: held.append(
+        (tp, on, owner.scorer.cache_size(tp))
+    )
+    owner.partitions.assigned([(TOPIC, 0)])
+    asyncio.run(owner.partitions.prepare([(TOPIC, 0)]))
+    assert held == [((TOPIC, 0), True, None), ((TOPIC, 0), False, CAPACITY)]
