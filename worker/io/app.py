@@ -427,8 +427,8 @@ def create_app(
             return
         observer = app.observer
         try:
-            owned = app.stream_scorer.partitions.owned()
-            ends = await app._reader.probe(owned, PROBE_TIMEOUT_SECONDS)
+            held = app.stream_scorer.partitions.held()
+            ends = await app._reader.probe(held, PROBE_TIMEOUT_SECONDS)
         except (TimeoutError, KafkaError, OSError) as exc:
             app.failures.consumer_failed(exc)
         else:

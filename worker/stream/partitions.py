@@ -138,7 +138,12 @@ class Partitions:
         self._sent_back[tp] = read + 1
 
     def owned(self) -> list[TopicPartition]:
+        """The partitions with state: initialised, and neither revoked nor failed since."""
         return list(self._next_offset)
+
+    def held(self) -> list[TopicPartition]:
+        """The partitions the consumer holds, those whose cache is being rebuilt included."""
+        return sorted(self._assigned)
 
     def epoch(self, tp: TopicPartition) -> int:
         return self._epochs[tp]
@@ -293,6 +298,7 @@ class Partitions:
         # Records of an earlier ownership still in the pipeline must not touch the new cache.
         self.forget([tp])
         epoch = self._epochs[tp]
+        self.observer.lag.started(tp, start)  # lag is counted from here, the rebuild included
         self.observer.health.progress(rebuilding=1)
         try:
             await self.rebuild_cache(tp, start)
@@ -302,7 +308,6 @@ class Partitions:
             self.scorer.drop_partition(tp)
             return
         self._next_offset[tp] = self._reached[tp] = start
-        self.observer.lag.started(tp, start)  # lag is counted from here
         self.observer.cache_filled(tp, self.scorer.cache_size(tp))
 
     async def rebuild_cache(self, tp: TopicPartition, before: int) -> int:

@@ -257,3 +257,24 @@ def test_a_partition_is_not_fetched_until_its_cache_is_ready() -> None:
     owner.partitions.assigned([(TOPIC, 0)])
     asyncio.run(owner.partitions.prepare([(TOPIC, 0)]))
     assert held == [((TOPIC, 0), True, None), ((TOPIC, 0), False, CAPACITY)]
+
+
+def test_lag_is_counted_while_a_cache_is_being_rebuilt() -> None:
+    records = inputs(30)
+    log, _ = scored_live(records, upto=20)
+
+    async def scenario() -> tuple[list, list]:
+        owner, _ = stream(log)
+        log.blocked[0] = asyncio.Event()
+        owner.assigned([(TOPIC, 0)])  # the rebuild waits on the log
+        await asyncio.sleep(0.05)
+        assert owner.partitions.held() == [(TOPIC, 0)] and owner.partitions.owned() == []
+        owner.observer.lag.log_ends({(TOPIC, 0): 30})
+        during = [(lag.partition, lag.records) for lag in owner.observer.lag.snapshot()]
+        log.blocked[0].set()
+        await owner.process(records[20:])
+        owner.observer.lag.log_ends({(TOPIC, 0): 30})
+        after = [(lag.partition, lag.records) for lag in owner.observer.lag.snapshot()]
+        return during, after
+
+    assert asyncio.run(scenario()) == ([(0, 10)], [(0, 0)])
