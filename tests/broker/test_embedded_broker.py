@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -54,6 +55,16 @@ def test_start_answers_a_kafka_client_and_stop_leaves_no_process(tmp_path: Path)
 
 
 @pytest.mark.broker
+def test_it_starts_from_inside_a_running_event_loop() -> None:
+    """A bench or a test may start it from a coroutine: its readiness check runs its own loop."""
+
+    async def start_and_stop() -> None:
+        with EmbeddedBroker() as broker:
+            kafka_answers("127.0.0.1", broker.port, 5.0)
+
+    asyncio.run(start_and_stop())
+
+
 def test_context_manager_uses_a_temporary_log_and_removes_it() -> None:
     with EmbeddedBroker() as broker:
         log_path = broker.log_path

@@ -15,6 +15,7 @@ import contextlib
 import os
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
@@ -267,7 +268,9 @@ def kafka_answers(host: str, port: int, timeout: float) -> None:
         connection.close()
 
     try:
-        asyncio.run(connect())
+        # A loop of its own, in a thread of its own: a caller may be running one already.
+        with ThreadPoolExecutor(1) as thread:
+            thread.submit(asyncio.run, connect()).result()
     except KafkaError as exc:  # the connection closed, or answered out of order
         raise _NotKafkaError(f"no Kafka answer ({exc}); not a Kafka broker?") from exc
 
