@@ -167,16 +167,14 @@ class TransactionalPublisher(Publisher):
                 # Entries in the same transaction: visible with their outputs, or never.
                 sent += await self._send_entries(routed, owned.producer)
             except FENCED as exc:
-                await self._lost(tp, owned, exc)
-                raise PartitionLost(f"{tp[0]}[{tp[1]}]: another worker owns it now") from exc
+                raise await self._lost(tp, owned, exc) from exc
             owned.next_offset = routed[-1].source.offset + 1
         results = await asyncio.gather(*sent, return_exceptions=True)
         errors = [res for res in results if isinstance(res, BaseException)]
         if errors:
             # The transaction cannot commit: everything in it is redelivered.
             if isinstance(errors[0], FENCED):
-                await self._lost(tp, owned, errors[0])
-                raise PartitionLost(f"{tp[0]}[{tp[1]}]: another worker owns it now") from errors[0]
+                raise await self._lost(tp, owned, errors[0]) from errors[0]
             raise errors[0]
         self._observer.broker.published()
 
@@ -224,9 +222,10 @@ class TransactionalPublisher(Publisher):
                 extra={"topic": tp[0], "partition": tp[1], "error": type(exc).__name__},
             )
 
-    async def _lost(self, tp: Partition, owned: _Owned, exc: BaseException) -> None:
+    async def _lost(self, tp: Partition, owned: _Owned, exc: BaseException) -> PartitionLost:
         """Another producer took the partition's transactional id: this worker's hold on the
-        partition is over, and nothing of its open transaction will ever be visible."""
+        partition is over, and nothing of its open transaction will ever be visible. Returns
+        what the partition's publishing raises."""
         if self._owned.get(tp) is owned:
             del self._owned[tp]
             owned.next_offset = None
@@ -236,3 +235,4 @@ class TransactionalPublisher(Publisher):
                 extra={"topic": tp[0], "partition": tp[1], "error": type(exc).__name__},
             )
             await stop_client(owned.producer, "transactional producer")
+        return PartitionLost(f"{tp[0]}[{tp[1]}]: another worker owns it now")
