@@ -26,6 +26,9 @@ Every case is built here, in memory, as close to the size limit as its shape all
 Columns, in milliseconds, each the median of ``--repeats`` runs: ``orjson`` is bare
 ``orjson.loads`` (the floor any decode pays: it builds every Python object), ``decode`` is
 ``worker.core.trace.decode_json`` (orjson, depth, duplicate-key and 64-bit integer checks),
+``json`` the standard decoder with strictness hooks (a key given twice, an integer beyond 64
+bits, NaN and Infinity refused; 1e400, lone surrogates and depth left unchecked): the
+alternative whose figures the module docstring of ``worker.core.trace`` quotes,
 ``validate`` is ``validate_trace`` (``jsonschema-rs``; for an invalid trace, also describing the
 first error it reports),
 then ``Trace.embedding_text()`` and ``score_trace`` for the traces that parse, and ``free``:
@@ -421,6 +424,7 @@ class Row:
     outcome: str
     orjson_ms: float | None
     decode_ms: float
+    json_ms: float | None = None
     validate_ms: float | None = None
     embed_ms: float | None = None
     score_ms: float | None = None
@@ -445,23 +449,61 @@ def bare_orjson(raw: bytes) -> Any:
         gc.enable()
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document = dict(pairs)
+    if len(document) < len(pairs):
+        raise ValueError("a key given twice")
+    return document
+
+
+def _int_in_range(literal: str) -> int:
+    value = int(literal)
+    if not -(2**63) <= value <= 2**64 - 1:
+        raise ValueError("an integer beyond 64 bits")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON number")
+
+
+STANDARD = json.JSONDecoder(
+    object_pairs_hook=_unique_keys, parse_int=_int_in_range, parse_constant=_no_constant
+)
+
+
+def standard_json(raw: bytes) -> Any:
+    """The standard decoder with strictness hooks, collector paused as decode_json runs it: a
+    Python call per object and per integer. Timed to its answer, a refusal included."""
+    gc.disable()
+    try:
+        return STANDARD.decode(raw.decode())
+    except (ValueError, RecursionError) as error:
+        return error
+    finally:
+        gc.enable()
+
+
 def measure(case: Case, repeats: int, limit: int) -> Row:
     raw = case.raw
-    orjson_ms: float | None = None
+    orjson_ms = json_ms = None
     if len(raw) <= limit:
         with contextlib.suppress(orjson.JSONDecodeError):
             orjson_ms, _ = median_ms(lambda: bare_orjson(raw), repeats)
+        json_ms, _ = median_ms(lambda: standard_json(raw), repeats)
     decode_ms, document = median_ms(lambda: decode_json(raw, limit), repeats)
     if isinstance(document, TraceError):
-        return Row(case, document.kind, orjson_ms, decode_ms)
+        return Row(case, document.kind, orjson_ms, decode_ms, json_ms)
     validate_ms, trace = median_ms(lambda: validate_trace(document), repeats)
     if isinstance(trace, TraceError):
-        return Row(case, trace.kind, orjson_ms, decode_ms, validate_ms)
+        return Row(case, trace.kind, orjson_ms, decode_ms, json_ms, validate_ms)
     assert isinstance(trace, Trace)
     embed_ms, _ = median_ms(trace.embedding_text, repeats)
     score_ms, _ = median_ms(lambda: score_trace(trace, Novelty.empty_cache(), PROFILES), repeats)
     free_ms = median_ms_of_free(raw, limit, repeats)
-    return Row(case, "valid", orjson_ms, decode_ms, validate_ms, embed_ms, score_ms, free_ms)
+    return Row(
+        case, "valid", orjson_ms, decode_ms, json_ms, validate_ms, embed_ms, score_ms, free_ms
+    )
 
 
 def median_ms_of_free(raw: bytes, limit: int, repeats: int) -> float:
@@ -521,7 +563,7 @@ def main() -> None:
     validate_trace(decode_json(built[0].raw))  # compile the validator before timing
     header = (
         f"{'case (ms)':38} {'bytes':>9} {'outcome':>13} {'orjson':>7} {'decode':>7} "
-        f"{'validate':>8} {'embed-text':>10} {'score':>6} {'free':>6} {'total':>7}"
+        f"{'json':>7} {'validate':>8} {'embed-text':>10} {'score':>6} {'free':>6} {'total':>7}"
     )
     print(header)
     print("-" * len(header))
@@ -532,8 +574,9 @@ def main() -> None:
         rows.append(row)
         print(
             f"{case.name:38} {len(case.raw):>9} {row.outcome:>13} {fmt(row.orjson_ms):>7} "
-            f"{fmt(row.decode_ms):>7} {fmt(row.validate_ms):>8} {fmt(row.embed_ms):>10} "
-            f"{fmt(row.score_ms):>6} {fmt(row.free_ms):>6} {fmt(row.total_ms):>7}",
+            f"{fmt(row.decode_ms):>7} {fmt(row.json_ms):>7} {fmt(row.validate_ms):>8} "
+            f"{fmt(row.embed_ms):>10} {fmt(row.score_ms):>6} {fmt(row.free_ms):>6} "
+            f"{fmt(row.total_ms):>7}",
             flush=True,
         )
 
