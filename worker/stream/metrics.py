@@ -84,7 +84,7 @@ cache_rebuild_records = Counter(
     "kp_cache_rebuild_records_total",
     "Traces put back in novelty caches on assignment, by where their vector came from "
     "(store: read from the cache store; model: embedded again)",
-    ["source"],
+    ["origin"],
 )
 cache_store_failures = Counter(
     "kp_cache_store_write_failures_total",

@@ -57,6 +57,8 @@ BOUNDS: Bounds = {
     "decision": lambda scorer: {decision.value for decision in Decision},
     # MetricsObserver.transaction_committed and transaction_aborted.
     "outcome": lambda scorer: {"committed", "aborted"},
+    # MetricsObserver.cache_rebuilt: vectors read from the cache store, or embedded again.
+    "origin": lambda scorer: {"store", "model"},
 }
 # Labels a histogram's series add: its buckets, fixed in code.
 SERIES_LABELS = {"le"}
@@ -172,6 +174,7 @@ def test_every_label_stays_bounded_under_hostile_input() -> None:
         observer.transaction_aborted()
         for tp in owned:  # as after a rebuild (without a model, no record fills a cache)
             observer.cache_filled(tp, 0)
+        observer.cache_rebuilt(0.1, restored=3, embedded=1)
         observer.lag.log_ends({tp: TRACES for tp in owned})
 
     lag_source = metrics.consumer_lag.source
