@@ -59,7 +59,7 @@ def main() -> None:
         for name, env in configs:
             topics = _worker.Topics(f"bench-idle-{uuid.uuid4().hex[:8]}")
             asyncio.run(_worker.create_topics(broker.bootstrap_servers, topics))
-            worker = _worker.Worker(broker.bootstrap_servers, **topics.worker_env(), **env)
+            worker = _worker.Worker(broker.bootstrap_servers, **{**topics.worker_env(), **env})
             worker.start()
             try:
                 asyncio.run(worker.wait_serving())

@@ -407,7 +407,7 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
                 **(broker.worker_settings if isinstance(broker, EmbeddedBroker) else {}),
                 **config.env,
             }
-            config.worker = _worker.Worker(bootstrap, **config.topics.worker_env(), **env)
+            config.worker = _worker.Worker(bootstrap, **{**config.topics.worker_env(), **env})
             with _machine.pinned(config.cpus):
                 config.worker.start()
         for config in configs:

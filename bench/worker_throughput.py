@@ -152,7 +152,7 @@ async def run_worker(
     broker.start()
     topics = _worker.Topics(f"bench-tp-{uuid.uuid4().hex[:8]}")
     worker = _worker.Worker(
-        broker.bootstrap_servers, **topics.worker_env(), **{**broker.worker_settings, **env}
+        broker.bootstrap_servers, **{**topics.worker_env(), **broker.worker_settings, **env}
     )
     collector = _worker.OutputCollector(broker.bootstrap_servers, topics)
     # While the backlog runs, the outputs are only counted (the worker's /metrics, once a second),
