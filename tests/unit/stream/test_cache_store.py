@@ -4,10 +4,8 @@ and whatever the store cannot vouch for embedded again, against a fake log."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Sequence
-from concurrent.futures import Future
 
 import numpy as np
 import orjson
@@ -18,42 +16,14 @@ from worker.core.cache_store import StoreTopic, embedder_tag, entry, stored_rows
 from worker.core.records import RoutedRecord, SourceRecord
 from worker.core.scorer import Scorer, Thresholds
 from worker.core.scoring import load_profiles
-from worker.embedding.protocol import RunTiming
 from worker.stream.processor import StreamScorer
 
+from support.embedders import HashEmbedder
 from support.traces import make_trace
 
 TOPIC = "raw"
 STORE = StoreTopic("raw.cache", 2)
 CAPACITY = 8
-
-
-class HashEmbedder:
-    """Deterministic unit vectors from a text's digest; counts the texts it embeds."""
-
-    model_id = "hash"
-    identity = "hash v1"
-    dimensions = 384
-
-    def __init__(self) -> None:
-        self.texts = 0
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        self.texts += len(texts)
-        rows = []
-        for text in texts:
-            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
-            rows.append(np.random.default_rng(seed).normal(size=self.dimensions))
-        out = np.asarray(rows, dtype=np.float32).reshape(len(texts), self.dimensions)
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-    def submit(self, texts: Sequence[str], timing: RunTiming | None = None) -> Future[np.ndarray]:
-        future: Future[np.ndarray] = Future()
-        future.set_result(self.embed(texts))
-        return future
-
-    def close(self) -> None:
-        pass
 
 
 class Log:
@@ -187,11 +157,11 @@ def test_a_new_owner_restores_its_cache_from_the_store_bit_for_bit() -> None:
     restored, published = stream(log)
     restored.partitions.assigned([(TOPIC, 0)])
     asyncio.run(restored.partitions.prepare([(TOPIC, 0)]))
-    assert restored.scorer.embedder.texts == 0  # type: ignore[union-attr]
+    assert restored.scorer.embedder.embedded == 0  # type: ignore[union-attr]
     embedded, _ = stream(Log(records, committed=20), store=None)
     embedded.partitions.assigned([(TOPIC, 0)])
     asyncio.run(embedded.partitions.prepare([(TOPIC, 0)]))
-    assert embedded.scorer.embedder.texts > 0  # type: ignore[union-attr]
+    assert embedded.scorer.embedder.embedded > 0  # type: ignore[union-attr]
     assert cache_state(restored) == cache_state(embedded)
     asyncio.run(restored.process(records[20:]))
     assert scores(published.published) == {k: v for k, v in expected.items() if k[1] >= 20}

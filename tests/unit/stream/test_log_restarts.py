@@ -5,11 +5,9 @@ line, counted, and a log that started over is scored from its new start."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Sequence
 
-import numpy as np
 import orjson
 import pytest
 from prometheus_client import REGISTRY
@@ -21,37 +19,11 @@ from worker.core.scoring import load_profiles
 from worker.stream.checkpoint import CommitWentBackwards
 from worker.stream.processor import StreamScorer
 
+from support.embedders import HashEmbedder
 from support.traces import make_trace
 
 TOPIC = "raw"
 TP = (TOPIC, 0)
-
-
-class HashEmbedder:
-    """Equal texts give equal vectors, different ones nearly orthogonal ones."""
-
-    model_id = "hash"
-    dimensions = 384
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        rows = [
-            np.random.default_rng(int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little"))
-            .normal(size=self.dimensions)
-            .astype(np.float32)
-            for t in texts
-        ]
-        out = np.asarray(rows).reshape(len(texts), self.dimensions)
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-    def submit(self, texts: Sequence[str], timing: object = None) -> asyncio.Future[np.ndarray]:
-        from concurrent.futures import Future
-
-        future: Future[np.ndarray] = Future()
-        future.set_result(self.embed(texts))
-        return future  # type: ignore[return-value]
-
-    def close(self) -> None:
-        pass
 
 
 class ChangingLog:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import threading
 import time
 from collections.abc import Sequence
@@ -22,32 +21,10 @@ from worker.embedding.protocol import RunTiming
 from worker.stream.observer import MetricsObserver
 from worker.stream.processor import INLINE_DECODE_BYTES, StreamScorer
 
+from support.embedders import HashEmbedder
 from support.traces import make_trace
 
 TOPIC = "raw"
-
-
-class HashEmbedder:
-    """Deterministic vectors: equal texts are equal, different texts nearly orthogonal."""
-
-    model_id = "hash"
-    dimensions = 384
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        rows = []
-        for text in texts:
-            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
-            rows.append(np.random.default_rng(seed).normal(size=self.dimensions))
-        out = np.asarray(rows, dtype=np.float32).reshape(len(texts), self.dimensions)
-        return out / np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
-
-    def submit(self, texts: Sequence[str], timing: RunTiming | None = None) -> Future[np.ndarray]:
-        future: Future[np.ndarray] = Future()
-        future.set_result(self.embed(texts))
-        return future
-
-    def close(self) -> None:
-        pass
 
 
 class FakeLog:
