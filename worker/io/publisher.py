@@ -7,10 +7,10 @@ write to (no Write ACL) is reported by name and retried like an outage until it 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -39,6 +39,17 @@ log = logging.getLogger(__name__)
 PUBLISH_RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0)
 # What a broker answers a request for a producer id when it grants none.
 NO_PRODUCER_IDS = (UnknownError, UnsupportedVersionError, ClusterAuthorizationFailedError)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """A scored trace's cache entry on its way to the store (:mod:`worker.core.cache_store`):
+    published, retried and refused as an output is."""
+
+    topic: str
+    partition: int
+    key: bytes
+    value: bytes
 
 
 class Publisher:
@@ -105,15 +116,20 @@ class Publisher:
         await stop_client(self._producer, "publisher")
 
     async def _send(
-        self, record: RoutedRecord, producer: AIOKafkaProducer | None = None
+        self, record: RoutedRecord | CacheEntry, producer: AIOKafkaProducer | None = None
     ) -> asyncio.Future[Any]:
         """Hand one record to ``producer`` (else the publisher's own). One it refuses (too
         large; neither key nor value; anything but a KafkaError) would be refused on every try
         and restart: it is replaced by a smaller dead letter (``_smaller``). Another KafkaError
         is the client's state (a timeout, a stopped producer), not the record's: it
         propagates."""
+        send = (producer or self._producer).send
         try:
-            return await (producer or self._producer).send(
+            if isinstance(record, CacheEntry):
+                return await send(
+                    record.topic, key=record.key, value=record.value, partition=record.partition
+                )
+            return await send(
                 self._topics[record.decision],
                 value=record.value,
                 key=record.key,
@@ -129,8 +145,7 @@ class Publisher:
             raise
         except Exception as exc:  # e.g. aiokafka's assertion on a record with no key or value
             refusal = exc
-        smaller = self._smaller(record, refusal)
-        if smaller is None:
+        if isinstance(record, CacheEntry) or (smaller := self._smaller(record, refusal)) is None:
             raise refusal
         log.warning(
             "the Kafka client refused a record; publishing a smaller dead letter instead",
@@ -143,36 +158,23 @@ class Publisher:
         )
         return await self._send(smaller, producer)
 
-    async def _send_entries(
-        self, routed: Sequence[RoutedRecord], producer: AIOKafkaProducer | None = None
-    ) -> list[asyncio.Future[Any]]:
-        """Hand the records' cache entries to ``producer`` (else the publisher's own)."""
+    def _with_entries(self, routed: Sequence[RoutedRecord]) -> list[RoutedRecord | CacheEntry]:
+        """The records, then their cache entries (none without a store). An entry goes beside
+        its output, in the same requests to the broker: sent after the output's ack, each took
+        a request of its own (20.7-21.4 traces a worker CPU-second against 22.0-24.8 without a
+        store; beside them 21.9-24.2 against 22.3-25.2: bench/worker_throughput.py, RESULTS.md).
+        One visible before its output is harmless: it is a pure function of the trace's text,
+        and a restore reads only those of traces before the committed offset."""
         store = self._store
-        if store is None:
-            return []
-        return [
-            await (producer or self._producer).send(
-                store.name,
-                key=record.cache_entry[0],
-                value=record.cache_entry[1],
-                partition=store.partition_of(record.source.partition),
-            )
-            for record in routed
-            if record.cache_entry is not None
+        entries = [
+            CacheEntry(store.name, store.partition_of(r.source.partition), *r.cache_entry)
+            for r in routed
+            if store is not None and r.cache_entry is not None
         ]
+        return [*routed, *entries]
 
-    def _entry_sent(self, sent: asyncio.Future[Any]) -> None:
-        """An entry is not retried: without it, a takeover embeds its trace again. A refused
-        Write on the store is reported like an output's (``/readyz`` not ready meanwhile)."""
-        assert self._store is not None
-        refusal = Refusal("Write", "topic", self._store.name)
-        error = None if sent.cancelled() else sent.exception()
-        if error is None:
-            self._observer.permissions.granted(refusal)
-            return
-        self._observer.cache_entry_lost()
-        if isinstance(error, AUTHORIZATION_ERRORS):
-            self._observer.permissions.refused(refusal)
+    def _topic(self, item: RoutedRecord | CacheEntry) -> str:
+        return item.topic if isinstance(item, CacheEntry) else self._topics[item.decision]
 
     def _smaller(self, record: RoutedRecord, refusal: Exception) -> RoutedRecord | None:
         """What to publish instead of a refused record: too large, the same without its value
@@ -189,38 +191,29 @@ class Publisher:
         return refused(record, error_line(refusal, limit=200))
 
     async def publish(self, routed: Sequence[RoutedRecord]) -> None:
-        """Send all, then wait for every ack; retried until acknowledged (never dropped).
-        A record the broker refuses as too large is retried as its ``_smaller`` form."""
-        pending = list(routed)
+        """Send all (with their cache entries), then wait for every ack; retried until
+        acknowledged (never dropped). A record the broker refuses as too large is retried as
+        its ``_smaller`` form."""
+        items = self._with_entries(routed)
+        pending = items
         delays = backoff(PUBLISH_RETRY_SECONDS)
         failing_since: float | None = None
-        entries_sent = False
         while pending:
             sent_at = time.monotonic()
-            futures = [await self._send(record) for record in pending]
-            if not entries_sent:
-                entries_sent = True
-                # Beside their outputs, in the same requests to the broker. Sent after the acks,
-                # each took a request of its own: 20.7-21.4 traces a worker CPU-second against
-                # 22.0-24.8 without a store; beside them 21.9-24.2 against 22.3-25.2
-                # (bench/worker_throughput.py --records 480, alternating; RESULTS.md).
-                # One visible before its output is harmless: a pure function of the trace's
-                # text, and a restore reads only those of traces before the committed offset.
-                with contextlib.suppress(KafkaError):  # a stopped producer: none is kept
-                    for sent in await self._send_entries(routed):
-                        sent.add_done_callback(self._entry_sent)
+            futures = [await self._send(item) for item in pending]
             results = await asyncio.gather(*futures, return_exceptions=True)
             failed = [
                 (self._smaller(r, res) or r)
-                if isinstance(res, MessageSizeTooLargeError | RecordTooLargeError)
+                if isinstance(r, RoutedRecord)
+                and isinstance(res, MessageSizeTooLargeError | RecordTooLargeError)
                 else r
                 for r, res in zip(pending, results, strict=True)
                 if isinstance(res, BaseException)
             ]
             refused = sorted(
                 {
-                    self._topics[record.decision]
-                    for record, result in zip(pending, results, strict=True)
+                    self._topic(item)
+                    for item, result in zip(pending, results, strict=True)
                     if isinstance(result, AUTHORIZATION_ERRORS)
                 }
             )
@@ -228,7 +221,7 @@ class Publisher:
                 self._observer.permissions.refused(Refusal("Write", "topic", topic))
             if not failed:
                 self._observer.broker.published()
-                for topic in {self._topics[record.decision] for record in routed}:
+                for topic in {self._topic(item) for item in items}:
                     self._observer.permissions.granted(Refusal("Write", "topic", topic))
                 return
             self._observer.publish_retried()

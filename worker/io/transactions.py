@@ -163,9 +163,9 @@ class TransactionalPublisher(Publisher):
                 if owned.next_offset is None:
                     await owned.producer.begin_transaction()
                     owned.next_offset = routed[0].source.offset
-                sent = [await self._send(record, owned.producer) for record in routed]
-                # Entries in the same transaction: visible with their outputs, or never.
-                sent += await self._send_entries(routed, owned.producer)
+                # Cache entries in the same transaction: visible with their outputs, or never.
+                items = self._with_entries(routed)
+                sent = [await self._send(item, owned.producer) for item in items]
             except FENCED as exc:
                 raise await self._lost(tp, owned, exc) from exc
             owned.next_offset = routed[-1].source.offset + 1

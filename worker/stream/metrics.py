@@ -86,10 +86,6 @@ cache_rebuild_records = Counter(
     "(store: read from the cache store; model: embedded again)",
     ["origin"],
 )
-cache_store_failures = Counter(
-    "kp_cache_store_write_failures_total",
-    "Cache entries the broker did not take (their traces are embedded again on takeover)",
-)
 gap_records = Counter(
     "kp_gap_records_total",
     "Records the consumer skipped that the worker read back from the log and scored",

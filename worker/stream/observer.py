@@ -54,13 +54,15 @@ class MetricsObserver:
         metrics.consumer_lag.source = self.lag.snapshot
 
     def configured(self, version: str, model_id: str | None) -> None:
-        """The build, once the model is loaded, and every dead-letter kind at 0 (the thresholds
-        are known before: :meth:`configured_thresholds`)."""
+        """The build, once the model is loaded, and every dead-letter kind and cache-vector
+        origin at 0 (the thresholds are known before: :meth:`configured_thresholds`)."""
         metrics.build_info.info({"version": version, "model": model_id or ""})
         # Every kind at 0 from the start: a counter whose series is born at 1 shows no
         # increase, so the first internal error since a start would never raise its alert.
         for kind in ERROR_KINDS:
             metrics.dead_letters.labels(kind)
+        for origin in ("store", "model"):
+            metrics.cache_rebuild_records.labels(origin)
 
     def configured_thresholds(
         self, accept_threshold: float, domain_thresholds: dict[str, float]
@@ -164,9 +166,6 @@ class MetricsObserver:
         metrics.cache_rebuild_seconds.observe(seconds)
         metrics.cache_rebuild_records.labels("store").inc(restored)
         metrics.cache_rebuild_records.labels("model").inc(embedded)
-
-    def cache_entry_lost(self) -> None:
-        metrics.cache_store_failures.inc()
 
     def gap_read(self, records: int) -> None:
         metrics.gap_records.inc(records)
