@@ -116,6 +116,7 @@ async def ensure_topics(
 ) -> tuple[int, StoreTopic | None]:
     """Create the input topic (if missing), the output topics and the cache store's; returns
     the input's partition count and the store (None when KP_CACHE_STORE_TOPIC is empty)."""
+    name, store = settings.cache_store_topic, None
     async with _admin(settings) as admin:
         existing = set(await admin.list_topics())
         if settings.input_topic in existing:
@@ -125,14 +126,12 @@ async def ensure_topics(
             await _create(
                 admin, [NewTopic(settings.input_topic, partitions, settings.replication_factor)]
             )
+        if name:
+            if name not in existing:
+                await _create(admin, [store_topic_spec(name, partitions, settings)])
+            store = StoreTopic(name, len(await _partitions(admin, name)) or partitions)
     await create_topics(settings, output_topics, settings.output_partitions or partitions)
-    name = settings.cache_store_topic
-    if not name:
-        return partitions, None
-    async with _admin(settings) as admin:
-        if name not in await admin.list_topics():
-            await _create(admin, [store_topic_spec(name, partitions, settings)])
-        return partitions, StoreTopic(name, len(await _partitions(admin, name)) or partitions)
+    return partitions, store
 
 
 async def create_topics(settings: Settings, names: Sequence[str], partitions: int) -> None:
