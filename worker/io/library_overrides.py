@@ -201,8 +201,12 @@ class ScorerConsumer(faust_aiokafka.Consumer):
                 # committed offsets scores them again (faust's own commit crashes alike).
                 await self.crash(exc)
                 return False
-            return True
-        return bool(await super()._commit(offsets))
+            landed = True
+        else:
+            landed = bool(await super()._commit(offsets))
+        if landed and stream is not None:
+            stream.checkpoint.committed(offsets)
+        return landed
 
     async def perform_seek(self) -> None:
         """faust's seek to the committed offsets, where with exactly-once each partition's

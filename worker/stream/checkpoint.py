@@ -10,7 +10,8 @@ record's output. The whole protocol is here, in numbered steps.
    A record dropped (its partition revoked), failed or abandoned is never acknowledged.
 3. **Commit.** The consumer commits each partition up to its first unacknowledged offset;
    each commit passes :meth:`Checkpoint.committing` first, which refuses one that would take
-   a partition's committed offset backwards (:class:`CommitWentBackwards`), except for a
+   a partition's committed offset below its last commit that landed
+   (:meth:`Checkpoint.committed`; :class:`CommitWentBackwards`), except for a
    partition whose log started over (:meth:`Checkpoint.log_restarted`): its new log's offsets
    are committed from its start, once what was in flight of the old log has settled.
 4. **Drain on stop.** :meth:`Checkpoint.close` takes no more records and gives those in flight
@@ -117,14 +118,18 @@ class Checkpoint:
     def committing(self, offsets: Mapping[TopicPartition, int]) -> None:
         """The consumer is about to commit ``offsets``: none may go below the last commit."""
         for tp, offset in offsets.items():
-            key = (tp[0], tp[1])
-            last = self._committed.get(key)
+            last = self._committed.get((tp[0], tp[1]))
             if last is not None and offset < last:
                 raise CommitWentBackwards(
-                    f"commit of offset {offset} for {key[0]}[{key[1]}] below its last commit "
+                    f"commit of offset {offset} for {tp[0]}[{tp[1]}] below its last commit "
                     f"{last}: records already committed would be delivered again"
                 )
-            self._committed[key] = offset
+
+    def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """The broker took ``offsets``. Only these count: a commit the group refused (it was
+        rebalancing) leaves the partition's offset where it was, and the records after it are
+        delivered again and committed anew, below the refused offset."""
+        self._committed.update({(tp[0], tp[1]): offset for tp, offset in offsets.items()})
 
     async def log_restarted(self, tp: TopicPartition) -> None:
         """tp's log started over (topic recreated, log truncated): once every record of the old

@@ -149,10 +149,11 @@ def test_a_commit_that_would_go_backwards_never_reaches_the_broker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sent: list[dict[TP, int]] = []
+    group_refuses = False
 
     async def commit(self: object, offsets: dict[TP, int]) -> bool:
         sent.append(dict(offsets))
-        return True
+        return not group_refuses  # faust's answer to a commit the rebalancing group refused
 
     monkeypatch.setattr(faust_aiokafka.Consumer, "_commit", commit)
     checkpoint = Checkpoint(publisher=SimpleNamespace())  # type: ignore[arg-type]
@@ -171,6 +172,14 @@ def test_a_commit_that_would_go_backwards_never_reaches_the_broker(
     checkpoint.assigned([])  # revoked: its next ownership starts from the group's offset
     assert asyncio.run(consumer._commit({partition: 3}))
     assert sent[-1] == {partition: 3}
+
+    # A commit the group refused while it rebalanced did not land: the partition, kept, is
+    # delivered again from offset 3 and its next commit may be below the refused one.
+    group_refuses = True
+    assert not asyncio.run(consumer._commit({partition: 9}))
+    group_refuses = False
+    assert asyncio.run(consumer._commit({partition: 6}))
+    assert sent[-1] == {partition: 6}
 
 
 def test_a_permission_refused_to_the_consumer_still_reaches_the_worker() -> None:

@@ -109,10 +109,11 @@ def test_a_recreated_log_is_scored_from_its_new_start(caplog: pytest.LogCaptureF
         stream = pipeline(log, publisher)
         stream.checkpoint.consumer_forget_offsets = forgotten.append
         await stream.process(log.records)
-        stream.checkpoint.committing({TP: 10})
+        stream.checkpoint.committed({TP: 10})
         log.recreate(log_of(3, "new"))
         await stream.process(log.records)
         stream.checkpoint.committing({TP: 3})  # the new log's commit may go back
+        stream.checkpoint.committed({TP: 3})
         with pytest.raises(CommitWentBackwards):
             stream.checkpoint.committing({TP: 2})  # and forwards only from there
         return stream
