@@ -18,6 +18,8 @@ the library renames or reshapes a member used here. The other override, aiokafka
   a partition in the client while faust's buffer for it is full.
 - ``Consumer._commit``: every commit passes the checkpoint first (a commit never goes back);
   with exactly-once, the offsets are committed in the partitions' transactions instead.
+- ``Consumer.on_stop`` / ``maybe_wait_for_commit_to_finish``: the last commit at a stop
+  covers every acknowledged record, even with a commit under way.
 - ``Consumer.perform_seek``: with exactly-once, the partitions' previous owners are fenced
   before the committed offsets are read.
 - ``Consumer._read_offset`` (read in ``getmany``) and ``_committed_offset``, ``_acked``,
@@ -207,6 +209,13 @@ class ScorerConsumer(faust_aiokafka.Consumer):
         if landed and stream is not None:
             stream.checkpoint.committed(offsets)
         return landed
+
+    async def on_stop(self) -> None:
+        """faust's last commit at a stop, after the commit under way (if any) ended: faust's
+        own, finding one under way, waits for it and commits nothing more, which left the
+        records acknowledged meanwhile uncommitted, and a clean stop exiting 75."""
+        await self.maybe_wait_for_commit_to_finish()
+        await super().on_stop()
 
     async def perform_seek(self) -> None:
         """faust's seek to the committed offsets, where with exactly-once each partition's

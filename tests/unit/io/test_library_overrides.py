@@ -260,3 +260,40 @@ def test_a_partition_without_a_committed_offset_goes_back_to_its_log_start(
     thread = object.__new__(library_overrides.ScorerConsumerThread)
     assert asyncio.run(thread.seek_to_committed()) == committed
     assert sought == [(TP("raw", 1), TP("raw", 2))]
+
+
+def test_the_last_commit_at_a_stop_follows_a_commit_under_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """faust's last commit, finding a periodic one under way, waited for it and committed
+    nothing: what was acknowledged meanwhile stayed uncommitted (a clean stop exited 75)."""
+    commits: list[str] = []
+
+    async def force_commit(self: object, *args: object, **kwargs: object) -> bool:
+        commits.append("last")
+        return True
+
+    monkeypatch.setattr(library_overrides.ScorerConsumer, "force_commit", force_commit)
+
+    async def scenario() -> None:
+        consumer = object.__new__(library_overrides.ScorerConsumer)
+        consumer.app = SimpleNamespace(
+            client_only=False, conf=SimpleNamespace(stream_wait_empty=False)
+        )
+        consumer.transport = SimpleNamespace(_topic_waiters={})
+        consumer._loop = asyncio.get_running_loop()
+        under_way: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        consumer._commit_fut = under_way
+
+        async def periodic_commit_ends() -> None:
+            await asyncio.sleep(0.01)
+            commits.append("periodic")
+            consumer._commit_fut = None
+            under_way.set_result(None)
+
+        ending = asyncio.ensure_future(periodic_commit_ends())
+        await consumer.on_stop()
+        await ending
+
+    asyncio.run(scenario())
+    assert commits == ["periodic", "last"]
