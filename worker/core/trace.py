@@ -53,6 +53,7 @@ from worker.core.errors import (
     snippet,
 )
 from worker.core.schema import check_trace_document, json_path
+from worker.settings import RepeatedKeyError, unique_keys
 
 DEFAULT_MAX_BYTES = 1_048_576
 # How input values are framed (KP_INPUT_FRAMING); :func:`unframe` says what each one does.
@@ -173,24 +174,14 @@ def _dropped_a_key(raw: bytes, written: bytes) -> bool:
     return colons > written.count(b":")
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> None:
-    """json's object hook for the exact pass: raises for the first object with a repeated key.
-    It builds no objects: only the error is wanted."""
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise DuplicateKeyError(
-                f"key {snippet(key)} appears twice in one object; its meaning is ambiguous"
-            )
-        seen.add(key)
-
-
 def _duplicate_key_error(raw: bytes) -> DuplicateKeyError:
     if len(raw) <= NAMED_DUPLICATES_UP_TO:
         try:
-            json.loads(raw, object_pairs_hook=_reject_duplicate_keys)
-        except DuplicateKeyError as error:
-            return error
+            json.loads(raw, object_pairs_hook=unique_keys)  # the first object with a repeated key
+        except RepeatedKeyError as exc:
+            return DuplicateKeyError(
+                f"key {snippet(exc.key)} appears twice in one object; its meaning is ambiguous"
+            )
     return DuplicateKeyError(
         "a key appears twice in one object; its meaning is ambiguous (the key is named only "
         f"in messages up to {NAMED_DUPLICATES_UP_TO} bytes)"
