@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -139,9 +139,6 @@ class Rescorer:
             {**settings.domain_thresholds, **(domain_thresholds or {})},
         )
 
-    def threshold_for(self, domain: str) -> float:
-        return self.domain_thresholds.get(domain, self.threshold)
-
     def rescore_value(self, raw: bytes | None) -> Rescored | NotRescored:
         """Re-score one recorded output as published (bytes)."""
         document = decoded(raw or b"")
@@ -186,7 +183,7 @@ class Rescorer:
                 )
         domain = trace.domain
         origin = scorer.get("rescore_of", version)
-        threshold = self.threshold_for(domain)
+        threshold = self.domain_thresholds.get(domain, self.threshold)
         decision = Decision.of(breakdown.score, threshold)
         value = scored_value(
             trace.document,
@@ -245,7 +242,7 @@ class RescoreSummary:
     examples: list[dict[str, Any]] = field(default_factory=list)
     before: Counter[str] = field(default_factory=Counter)
     after: Counter[str] = field(default_factory=Counter)
-    domains: dict[str, DomainTally] = field(default_factory=dict)
+    domains: dict[str, DomainTally] = field(default_factory=lambda: defaultdict(DomainTally))
     histogram: list[int] = field(default_factory=lambda: [0] * (len(DELTA_BINS) - 1))
     identical: int = 0
     delta_sum: float = 0.0
@@ -275,17 +272,12 @@ class RescoreSummary:
         before, after = result.before_decision, result.decision
         self.before[before] += 1  # Decision keys: equal to, and hashed as, their values
         self.after[after] += 1
-        tally = self.domains.get(result.domain)
-        if tally is None:
-            tally = self.domains[result.domain] = DomainTally()
+        tally = self.domains[result.domain]
         tally.records += 1
         tally.accepted_before += before is Decision.ACCEPTED
         tally.accepted_after += after is Decision.ACCEPTED
-        if before is not after:
-            if before is Decision.ACCEPTED:
-                tally.accepted_to_rejected += 1
-            else:
-                tally.rejected_to_accepted += 1
+        tally.accepted_to_rejected += before is Decision.ACCEPTED and after is Decision.REJECTED
+        tally.rejected_to_accepted += before is Decision.REJECTED and after is Decision.ACCEPTED
         delta = result.breakdown.score - result.before_score
         self.identical += delta == 0.0
         self.delta_sum += delta

@@ -11,7 +11,7 @@ decides. Pure; no I/O.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -76,7 +76,7 @@ class ScoreReport(RescoreSummary):
     """A :class:`RescoreSummary` that also keeps every score (as counts per value, by domain)
     and the distributions of dimensions, novelty sources and dead-letter kinds."""
 
-    domain_scores: dict[str, Counter[float]] = field(default_factory=dict)
+    domain_scores: dict[str, Counter[float]] = field(default_factory=lambda: defaultdict(Counter))
     # The configured threshold of each domain (the last seen: they are all the same).
     domain_threshold: dict[str, float] = field(default_factory=dict)
     dimension_counts: dict[str, list[int]] = field(
@@ -91,10 +91,7 @@ class ScoreReport(RescoreSummary):
         if isinstance(result, NotRescored):
             return
         breakdown = result.breakdown
-        scores = self.domain_scores.get(result.domain)
-        if scores is None:
-            scores = self.domain_scores[result.domain] = Counter()
-        scores[breakdown.score] += 1
+        self.domain_scores[result.domain][breakdown.score] += 1
         self.domain_threshold[result.domain] = result.threshold
         dimensions = breakdown.dimensions
         for name in DIMENSIONS:
