@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from worker.cli import main as cli
 from worker.core.output import output_topics
@@ -169,9 +169,9 @@ def latency_quantiles(
 
 def print_summary(accounting: Accounting, metrics: dict, port: int, settings: Settings) -> None:
     counts = Counter(accounting.found.values())
-    table = Table(title="Where every input record went")
-    table.add_column("output topic")
-    table.add_column("records", justify="right")
+    table = Table(
+        "output topic", Column("records", justify="right"), title="Where every input record went"
+    )
     for decision, topic in output_topics(settings).items():
         table.add_row(topic, str(counts[decision.value]))
     table.add_row(
@@ -204,8 +204,8 @@ def print_summary(accounting: Accounting, metrics: dict, port: int, settings: Se
             f"{what}: p50 {q[0.5] * 1000:.1f} ms, p95 {q[0.95] * 1000:.1f} ms, "
             f"p99 {q[0.99] * 1000:.1f} ms; {within:.1%} within the {budget * 1000:.0f} ms budget"
         )
-    if metrics.get("kp_stage_latency_seconds_sum"):
-        stage_sums = metrics.get("kp_stage_latency_seconds_sum", {})
+    stage_sums = metrics.get("kp_stage_latency_seconds_sum")
+    if stage_sums:
         stage_counts = metrics.get("kp_stage_latency_seconds_count", {})
         order = {stage: index for index, stage in enumerate(STAGES)}
         means = ", ".join(

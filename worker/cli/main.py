@@ -16,7 +16,7 @@ from typing import IO, Any, ClassVar, NoReturn, TypeVar
 import click
 import orjson
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from worker.cli import stdio
@@ -136,10 +136,7 @@ def bar_table(
     title: str, rows: Sequence[tuple[str, int]], *columns: str, width: int = 30, style: str = ""
 ) -> Table:
     """Counts with a bar each, scaled to the largest: a histogram in a terminal."""
-    table = Table(title=title)
-    table.add_column(columns[0])
-    table.add_column(columns[1], justify="right")
-    table.add_column("")
+    table = Table(columns[0], Column(columns[1], justify="right"), "", title=title)
     peak = max((count for _, count in rows), default=0) or 1
     for label, count in rows:
         table.add_row(label, str(count), Text("█" * round(width * count / peak), style=style))
@@ -346,13 +343,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         stdio.discard_stdout()
         say(f"kp-scorer: {error_line(exc)}", "red")
         return EXIT_IO_ERROR
-    except KeyboardInterrupt:  # Ctrl-C outside a read of topics (loading the model, ...)
-        say("kp-scorer: interrupted", "red")
-        return EXIT_INTERRUPTED
-    except ImportError as exc:
-        # Ctrl-C while an extension module initialises (onnxruntime takes ~0.3 s) surfaces as
-        # the ImportError it caused.
-        if not isinstance(exc.__cause__, KeyboardInterrupt):
+    except (KeyboardInterrupt, ImportError) as exc:
+        # Ctrl-C outside a read of topics (loading the model, ...); while an extension module
+        # initialises (onnxruntime takes ~0.3 s), it surfaces as the ImportError it caused.
+        if isinstance(exc, ImportError) and not isinstance(exc.__cause__, KeyboardInterrupt):
             raise
         say("kp-scorer: interrupted", "red")
         return EXIT_INTERRUPTED

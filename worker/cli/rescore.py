@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from worker.cli import main as cli
@@ -195,19 +195,17 @@ def print_summary(console: Console, summary: RescoreSummary, source: str) -> Non
         + (f"; {summary.dead_letters} dead letters passed through" if summary.dead_letters else ""),
         markup=False,
     )
-    decisions = Table(title="decisions")
-    for column in ("", "before", "after", "change"):
-        decisions.add_column(column, justify="right" if column else "left")
+    counts = (Column(column, justify="right") for column in ("before", "after", "change"))
+    decisions = Table("", *counts, title="decisions")
     for decision in (Decision.ACCEPTED, Decision.REJECTED):
         before, after = summary.before[decision.value], summary.after[decision.value]
         decisions.add_row(decision.value, str(before), str(after), f"{after - before:+d}")
     console.print(decisions)
 
     if summary.domains:
-        domains = Table(title="by domain (task_domain)")
-        domains.add_column("domain", no_wrap=True)
-        for column in ("records", "acc. before", "acc. after", "acc -> rej", "rej -> acc"):
-            domains.add_column(column, justify="right")
+        tallies = ("records", "acc. before", "acc. after", "acc -> rej", "rej -> acc")
+        counts = (Column(column, justify="right") for column in tallies)
+        domains = Table(Column("domain", no_wrap=True), *counts, title="by domain (task_domain)")
         ranked = sorted(
             summary.domains.items(),
             key=lambda item: (
@@ -228,10 +226,10 @@ def print_summary(console: Console, summary: RescoreSummary, source: str) -> Non
         console.print(deltas)
 
     if unrescorable:
-        table = Table(title=f"not rescored: {unrescorable} records")
-        table.add_column("reason")
-        table.add_column("records", justify="right")
-        table.add_column("first example")
+        records = Column("records", justify="right")
+        table = Table(
+            "reason", records, "first example", title=f"not rescored: {unrescorable} records"
+        )
         for reason, count in sorted(summary.unrescorable.items()):
             example = next((e for e in summary.examples if e["reason"] == reason), None)
             text = f"{example['at']}: {example['detail']}" if example else ""
