@@ -76,7 +76,7 @@ async def _replay(
     scorer: Scorer,
     scope: ranges.TopicRange,
     output_prefix: str,
-    on_progress: Callable[[int, int | None], None] | None = None,
+    on_progress: Callable[[int, int | None], None],
 ) -> ReplaySummary:
     (topic,) = scope.topics
     topics = prefixed_topics(output_prefix)
@@ -94,8 +94,7 @@ async def _replay(
         await publisher.start()
         stream = StreamScorer(scorer, lookup, publisher)
         total = scope.total(plan)
-        if on_progress:
-            on_progress(0, total)
+        on_progress(0, total)
         end_ms = ranges.epoch_ms(scope.to_time)
         for _, partition, start in plan:
             async for chunk in iterate.iter_range(
@@ -104,8 +103,7 @@ async def _replay(
                 for offset in range(0, len(chunk), CHUNK_RECORDS):
                     routed = await stream.process(chunk[offset : offset + CHUNK_RECORDS])
                     _tally(summary, routed, original)
-                    if on_progress:
-                        on_progress(len(routed), total)
+                    on_progress(len(routed), total)
     finally:
         await stop_all(publisher, lookup, iterate)
     return summary

@@ -81,15 +81,13 @@ def score_chart(figure_type: type[Figure], numbers: dict[str, Any], domains: lis
         left=0.07, right=0.98, top=1 - 0.3 / height, bottom=0.45 / height, hspace=0.45
     )
     grid = figure.subplots(rows, 2, sharex=True, sharey=True, squeeze=False)
-    colors = [f"C{i}" for i in range(10)]
     for index, axes in enumerate(grid.flat):
         if index >= len(domains):
             axes.set_axis_off()
             continue
         domain = numbers["domains"][domains[index]]
         score = domain["score"]
-        color = colors[index % len(colors)]
-        axes.stairs(score["counts"], score["edges"], fill=True, alpha=0.8, color=color)
+        axes.stairs(score["counts"], score["edges"], fill=True, alpha=0.8, color=f"C{index}")
         axes.axvline(domain["threshold"], color="black", linestyle="--", linewidth=1)
         axes.set_title(f"{domains[index]} ({score['records']})", fontsize=9, loc="left")
         axes.set_xlim(0, 1)
