@@ -170,15 +170,13 @@ class Scorer:
 
     def prepare(self, records: Sequence[SourceRecord]) -> list[Prepared]:
         """Decode each record and, for valid traces, its embedding text and that text's key."""
-        prepared = []
-        for record in records:
-            item = self.decode(record)
-            if isinstance(item, Trace) and self.embedder is not None:
-                text = item.embedding_text()
-                prepared.append(Prepared(record, item, text, text_key(text)))
-            else:
-                prepared.append(Prepared(record, item))
-        return prepared
+        return [self._prepared(record, self.decode(record)) for record in records]
+
+    def _prepared(self, record: SourceRecord, item: Trace | TraceError) -> Prepared:
+        if not isinstance(item, Trace) or self.embedder is None:
+            return Prepared(record, item)
+        text = item.embedding_text()
+        return Prepared(record, item, text, text_key(text))
 
     def reuse_stored(self, prepared: Prepared) -> bool:
         """Take the vector of an identical earlier text still in the partition's cache."""
@@ -302,12 +300,7 @@ class Scorer:
         """
         if self.embedder is None or not traces:
             return 0, 0
-        prepared = [
-            Prepared(record, trace, text, key)
-            for record, trace in traces
-            for text in (trace.embedding_text(),)
-            for key in (text_key(text),)
-        ]
+        prepared = [self._prepared(record, trace) for record, trace in traces]
         for item in prepared:
             row = (stored or {}).get(item.text_key or b"")
             if row is not None:
@@ -326,6 +319,7 @@ class Scorer:
 
 def build_scorer(settings: Settings, *, use_embedder: bool = True) -> Scorer:
     """The scorer the settings describe; loads the model unless told not to."""
+    profiles = load_profiles(settings.profiles_file)  # a bad file refused before the model loads
     embedder: Embedder | None = None
     reason: str | None = "disabled by flag"
     if use_embedder:
@@ -336,7 +330,7 @@ def build_scorer(settings: Settings, *, use_embedder: bool = True) -> Scorer:
         None if settings.cache_ttl_seconds is None else round(settings.cache_ttl_seconds * 1000)
     )
     return Scorer(
-        profiles=load_profiles(settings.profiles_file),
+        profiles=profiles,
         thresholds=Thresholds(settings.accept_threshold, settings.domain_thresholds),
         caches=PartitionCaches(settings.cache_capacity, ttl_ms=ttl_ms),
         embedder=embedder,
