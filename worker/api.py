@@ -17,7 +17,6 @@ import dataclasses
 import math
 import operator
 from collections.abc import Iterable, Mapping
-from types import TracebackType
 from typing import Any, TypeAlias
 
 import orjson
@@ -28,7 +27,7 @@ from worker.core.records import Decision, LineRecords, RoutedRecord, SourceRecor
 from worker.core.rescoring import NotRescored, Rescorer
 from worker.core.schema import json_path
 from worker.core.scorer import Scorer, build_scorer
-from worker.core.scoring import Dimensions, ProfileError, ScoreBreakdown, load_profiles
+from worker.core.scoring import Dimensions, ProfileError, ScoreBreakdown
 from worker.core.trace import INT_RANGE, integer_out_of_range
 from worker.embedding.protocol import EmbedderUnavailable
 from worker.settings import Settings, SettingsError
@@ -269,11 +268,9 @@ class TraceScorer:
     def __init__(self, settings: Settings | None = None, *, use_embedder: bool = True) -> None:
         self.settings = load_settings() if settings is None else settings
         try:
-            load_profiles(self.settings.profiles_file)
+            self._core = build_scorer(self.settings, use_embedder=use_embedder)
         except ProfileError as exc:
             raise SettingsError(f"invalid configuration:\n  KP_PROFILES_FILE: {exc}") from None
-        try:
-            self._core = build_scorer(self.settings, use_embedder=use_embedder)
         except EmbedderUnavailable as exc:  # only raised when the settings require the model
             raise SettingsError(
                 "invalid configuration:\n  KP_EMBEDDER_REQUIRED: true, and the model cannot be "
@@ -331,12 +328,7 @@ class TraceScorer:
     def __enter__(self) -> TraceScorer:
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
