@@ -153,25 +153,25 @@ def _unwritable_number(node: Any, path: tuple[str | int, ...] = ()) -> TraceErro
     return None
 
 
+def _integer(value: int, name: str, unit: str = "") -> int:
+    """``value`` as an integer (a numpy integer is one; a float, even a whole one, is not)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} is an integer{unit}, not {type(value).__name__}") from None
+
+
 def _record_timestamp(event_time_ms: int) -> int:
     """``event_time_ms`` as a Kafka record timestamp is: a 64-bit integer (a numpy integer is
     one; a float such as ``time.time() * 1000`` is not, and the output's timestamp is one)."""
-    try:
-        milliseconds = operator.index(event_time_ms)
-    except TypeError:
-        raise TypeError(
-            f"event_time_ms is an integer of milliseconds, not {type(event_time_ms).__name__}"
-        ) from None
+    milliseconds = _integer(event_time_ms, "event_time_ms", " of milliseconds")
     if not -(2**63) <= milliseconds < 2**63:
         raise ValueError(f"event_time_ms {milliseconds} is outside a record timestamp's 64 bits")
     return milliseconds
 
 
 def _partition_number(number: int) -> int:
-    try:
-        index = operator.index(number)
-    except TypeError:
-        raise TypeError(f"number is an integer, not {type(number).__name__}") from None
+    index = _integer(number, "number")
     if not 0 <= index <= _KAFKA_PARTITION_MAX:
         raise ValueError(f"number {index} is not a Kafka partition's (0 to {_KAFKA_PARTITION_MAX})")
     return index
