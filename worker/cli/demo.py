@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import math
 import time
 import urllib.request
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,14 +71,12 @@ class Accounting:
         return self.expected <= set(self.found)
 
 
-def _source_of(decision: Decision, message: object) -> tuple[int, int, float | None]:
+def _source_of(decision: Decision, message: object) -> tuple[int, int, float | str]:
+    """The input record an output came from, and its score (a dead letter: its error kind)."""
     if decision is Decision.DEAD_LETTER:
         headers = dict(message.headers or ())  # type: ignore[attr-defined]
-        return (
-            int(headers["kp-source-partition"]),
-            int(headers["kp-source-offset"]),
-            None,
-        )
+        kind = headers.get("kp-error-kind", b"?").decode()
+        return int(headers["kp-source-partition"]), int(headers["kp-source-offset"]), kind
     value = orjson.loads(message.value)  # type: ignore[attr-defined]
     return value["source"]["partition"], value["source"]["offset"], value["score"]["score"]
 
@@ -123,14 +123,13 @@ async def collect_outputs(settings: Settings, accounting: Accounting, timeout: f
             for tp, messages in batches.items():
                 decision = topics[tp.topic]
                 for message in messages:
-                    partition, offset, score = _source_of(decision, message)
+                    partition, offset, outcome = _source_of(decision, message)
                     if (partition, offset) not in accounting.found:
                         accounting.found[(partition, offset)] = decision.value
-                        if score is not None:
-                            accounting.scores.append(score)
+                        if isinstance(outcome, str):
+                            accounting.kinds[outcome] += 1
                         else:
-                            kind = dict(message.headers or ()).get("kp-error-kind", b"?")
-                            accounting.kinds[kind.decode()] += 1
+                            accounting.scores.append(outcome)
     finally:
         await consumer.stop()
 
@@ -145,26 +144,18 @@ def scrape_metrics(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], flo
     return samples
 
 
-def latency_quantiles(
-    buckets: dict[float, float], quantiles: tuple[float, ...]
-) -> dict[float, float]:
-    """Quantiles from cumulative histogram buckets, interpolated linearly inside a bucket."""
+def latency_quantile(buckets: dict[float, float], q: float) -> float:
+    """A quantile from cumulative histogram buckets, interpolated linearly inside the first
+    bucket that holds it; in the +Inf bucket, that bucket's lower bound."""
     bounds = sorted(buckets)
-    total = buckets[bounds[-1]]
-    out: dict[float, float] = {}
-    for q in quantiles:
-        rank, previous_bound, previous_count = q * total, 0.0, 0.0
-        for bound in bounds:
-            count = buckets[bound]
-            if count >= rank:
-                if bound == float("inf"):
-                    out[q] = previous_bound
-                else:
-                    share = (rank - previous_count) / max(count - previous_count, 1e-12)
-                    out[q] = previous_bound + (bound - previous_bound) * share
-                break
-            previous_bound, previous_count = bound, count
-    return out
+    counts = [buckets[bound] for bound in bounds]
+    rank = q * counts[-1]
+    index = bisect_left(counts, rank)  # the first bucket whose count reaches the rank
+    low, below = (bounds[index - 1], counts[index - 1]) if index else (0.0, 0.0)
+    if bounds[index] == math.inf:
+        return low
+    share = (rank - below) / max(counts[index] - below, 1e-12)
+    return low + (bounds[index] - low) * share
 
 
 def print_summary(accounting: Accounting, metrics: dict, port: int, settings: Settings) -> None:
@@ -198,11 +189,11 @@ def print_summary(accounting: Accounting, metrics: dict, port: int, settings: Se
         }
         if not buckets or not buckets[float("inf")]:
             continue
-        q = latency_quantiles(buckets, (0.5, 0.95, 0.99))
+        p50, p95, p99 = (1000 * latency_quantile(buckets, q) for q in (0.5, 0.95, 0.99))
         within = buckets.get(budget, 0.0) / buckets[float("inf")]
         console.print(
-            f"{what}: p50 {q[0.5] * 1000:.1f} ms, p95 {q[0.95] * 1000:.1f} ms, "
-            f"p99 {q[0.99] * 1000:.1f} ms; {within:.1%} within the {budget * 1000:.0f} ms budget"
+            f"{what}: p50 {p50:.1f} ms, p95 {p95:.1f} ms, p99 {p99:.1f} ms; "
+            f"{within:.1%} within the {budget * 1000:.0f} ms budget"
         )
     stage_sums = metrics.get("kp_stage_latency_seconds_sum")
     if stage_sums:
