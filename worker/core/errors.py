@@ -21,6 +21,8 @@ class TraceError(Exception):
     """Input that cannot be scored: ``kind`` is stable (metrics, headers), ``reason`` for people."""
 
     kind: ClassVar[str] = "invalid"
+    # Said by the decoder or the schema check, of the input record itself.
+    from_input: ClassVar[bool] = True
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -35,19 +37,19 @@ class TooLargeError(TraceError):
     kind = "too_large"
 
 
+class FramingError(TraceError):
+    """A value whose Schema Registry framing is missing (``KP_INPUT_FRAMING=confluent``),
+    cut short, or wraps no document."""
+
+    kind = "framing"
+
+
 class EncodingError(TraceError):
     kind = "invalid_encoding"
 
 
 class InvalidJsonError(TraceError):
     kind = "invalid_json"
-
-
-class FramingError(TraceError):
-    """A value whose Schema Registry framing is missing (``KP_INPUT_FRAMING=confluent``),
-    cut short, or wraps no document."""
-
-    kind = "framing"
 
 
 class DuplicateKeyError(TraceError):
@@ -74,39 +76,27 @@ class UnreadableRecordError(TraceError):
     a batch its codec cannot decode): its bytes never reached the scorer."""
 
     kind = "unreadable"
+    from_input = False
 
 
 class InternalScoringError(TraceError):
     """A valid trace that the scorer failed on: dead-lettered rather than lost."""
 
     kind = "internal"
+    from_input = False
 
 
 class OutputTooLargeError(TraceError):
     """A valid trace whose scored output would exceed the publish limit."""
 
     kind = "output_too_large"
+    from_input = False
 
 
+# Every kind a dead letter can carry, each class's once, in the order the classes are defined
+# above (``__subclasses__`` keeps it): the dead-letter schema and the docs list them so.
+ERROR_KINDS: tuple[str, ...] = tuple(cls.kind for cls in TraceError.__subclasses__())
 # What the decoder and schema check can say about an input record.
 INPUT_ERROR_KINDS: tuple[str, ...] = tuple(
-    cls.kind
-    for cls in (
-        EmptyMessageError,
-        TooLargeError,
-        FramingError,
-        EncodingError,
-        InvalidJsonError,
-        DuplicateKeyError,
-        NotAnObjectError,
-        SchemaViolationError,
-        IntegerOutOfRangeError,
-    )
-)
-# Every kind a dead letter can carry.
-ERROR_KINDS: tuple[str, ...] = (
-    *INPUT_ERROR_KINDS,
-    UnreadableRecordError.kind,
-    InternalScoringError.kind,
-    OutputTooLargeError.kind,
+    cls.kind for cls in TraceError.__subclasses__() if cls.from_input
 )
