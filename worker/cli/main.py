@@ -308,11 +308,10 @@ class Group(SuggestingGroup):
         return list(self.modules)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in self.modules:
+        module = self.modules.get(cmd_name)
+        if module is None:
             return None
-        command: click.Command = getattr(
-            importlib.import_module(f"worker.cli.{self.modules[cmd_name]}"), cmd_name
-        )
+        command: click.Command = getattr(importlib.import_module(f"worker.cli.{module}"), cmd_name)
         return command
 
 

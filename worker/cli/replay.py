@@ -41,7 +41,6 @@ class ReplaySummary:
     reject_to_accept: int = 0
     histogram: list[int] = field(default_factory=lambda: [0] * (len(DELTA_BINS) - 1))
     original_found: bool = False
-    records: int = 0
 
     def delta_histogram(self) -> list[tuple[str, int]]:
         return [(label, count) for label, _, _, count in delta_rows(self.histogram)]
@@ -115,7 +114,6 @@ def _tally(
     original: dict[tuple[int, int], tuple[str, float]],
 ) -> None:
     for record in routed:
-        summary.records += 1
         summary.decisions[record.decision.value] += 1
         before = original.get((record.source.partition, record.source.offset))
         if before is None or record.breakdown is None:
@@ -168,7 +166,7 @@ def replay(
     )
     decisions = ", ".join(f"{k}={v}" for k, v in sorted(summary.decisions.items()))
     err = cli.err_console
-    err.print(f"replayed {summary.records} records into {output_prefix}.*: {decisions}")
+    err.print(f"replayed {summary.decisions.total()} records into {output_prefix}.*: {decisions}")
     if not summary.original_found:
         err.print("no earlier decisions found in the live output topics to compare")
         return 0

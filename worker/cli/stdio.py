@@ -13,7 +13,8 @@ from typing import NoReturn
 class _ClosedStream(io.TextIOBase):
     """Stdin or stdout that the shell closed (``>&-``, ``<&-``): Python leaves None in their
     place, on which the first read or write fails with an AttributeError; this fails with the
-    OSError that ``main`` ends in one line. Flushing it is a no-op (nothing is held)."""
+    OSError that ``main`` ends in one line. Flushing it is io.IOBase's no-op (nothing is
+    held), and it is no terminal (IOBase's isatty)."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -23,12 +24,6 @@ class _ClosedStream(io.TextIOBase):
 
     read = readline = write = fileno = _closed  # type: ignore[assignment]
     buffer = property(_closed)
-
-    def isatty(self) -> bool:
-        return False
-
-    def flush(self) -> None:
-        pass
 
 
 def stand_in_for_closed_streams() -> None:
