@@ -135,10 +135,7 @@ class VectorCache:
         self.ttl_ms = ttl_ms
         self._rows = np.zeros((max_elements, dimensions), dtype=np.float32)
         self._times = np.zeros(max_elements, dtype=np.int64)
-        self._count = 0
-        self._next = 0  # slot the next add writes
-        self._keys: list[bytes | None] = [None] * max_elements
-        self._slot_of_key: dict[bytes, int] = {}
+        self.clear()
 
     def __len__(self) -> int:
         return self._count  # entries stored, expired or not
@@ -151,9 +148,9 @@ class VectorCache:
 
     def clear(self) -> None:
         self._count = 0
-        self._next = 0
-        self._keys = [None] * self.max_elements
-        self._slot_of_key.clear()
+        self._next = 0  # slot the next add writes
+        self._keys: list[bytes | None] = [None] * self.max_elements
+        self._slot_of_key: dict[bytes, int] = {}
 
     def entries(self) -> tuple[FloatArray, npt.NDArray[np.int64], list[bytes | None]]:
         """Rows, event times and keys of the stored entries, oldest first (copies)."""
