@@ -47,9 +47,8 @@ class FailurePolicy:
 
     def publish_failed(self, record: SourceRecord, exc: BaseException) -> None:
         """The broker did not take a record's output: stop, unless the partition is lost."""
-        if isinstance(exc, PartitionLost):
-            return
-        self._stop_worker(record, exc)
+        if not isinstance(exc, PartitionLost):
+            self._stop_worker(record, exc)
 
     def processing_failed(self, record: SourceRecord, exc: BaseException) -> None:
         """A record could not be decoded, embedded or scored in order: stop."""

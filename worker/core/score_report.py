@@ -93,9 +93,8 @@ class ScoreReport(RescoreSummary):
         breakdown = result.breakdown
         self.domain_scores[result.domain][breakdown.score] += 1
         self.domain_threshold[result.domain] = result.threshold
-        dimensions = breakdown.dimensions
         for name in DIMENSIONS:
-            value = getattr(dimensions, name)
+            value = getattr(breakdown.dimensions, name)
             self.dimension_counts[name][_bin(value, DIMENSION_BINS)] += 1
             self.dimension_sums[name] += value
         self.novelty_sources[str(breakdown.novelty_source)] += 1

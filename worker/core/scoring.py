@@ -186,8 +186,7 @@ def _clamp(value: float) -> float:
 def complexity(trace: Trace) -> float:
     steps = trace.steps
     unique_types = len({step["type"] for step in steps})
-    error_recoveries = sum(1 for step in steps if step["type"] == "error_recovery")
-    bonus = 0.3 if error_recoveries > 0 else 0.0
+    bonus = 0.3 if any(step["type"] == "error_recovery" for step in steps) else 0.0
     return min(1.0, (unique_types / 4) * 0.5 + bonus + (len(steps) / 20) * 0.2)
 
 
