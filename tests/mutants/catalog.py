@@ -615,11 +615,11 @@ MUTANTS: tuple[Mutant, ...] = (
         path="worker/io/library_overrides.py",
         old="""\
                 return False
-            return True
+            landed = True
 """,
         new="""\
                 return False
-            return bool(await super()._commit(offsets))
+            landed = bool(await super()._commit(offsets))
 """,
         tests=(
             "tests/unit/io/test_library_overrides.py::"
