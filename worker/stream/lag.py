@@ -61,11 +61,9 @@ class PartitionLag:
         """The partitions owned now; others stop being reported."""
         now, wanted = self._clock(), set(partitions)
         with self._lock:
-            for tp in list(self._partitions):
-                if tp not in wanted:
-                    del self._partitions[tp]
-            for tp in wanted:
-                self._partitions.setdefault(tp, _Partition(assigned_at=now))
+            self._partitions = {
+                tp: self._partitions.get(tp) or _Partition(assigned_at=now) for tp in wanted
+            }
 
     def started(self, tp: TopicPartition, position: int | None) -> None:
         """Scoring of ``tp`` starts at ``position`` (the committed offset); None: revoked or

@@ -9,6 +9,7 @@ import contextlib
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import fields
 
 from worker.core.errors import ERROR_KINDS
 from worker.core.records import Decision, RoutedRecord
@@ -141,13 +142,8 @@ class MetricsObserver:
             metrics.scores.labels(routed.domain_label).observe(breakdown.score)
             metrics.novelty_sources.labels(breakdown.novelty_source.value).inc()
             dims = breakdown.dimensions
-            for name, value in (
-                ("complexity", dims.complexity),
-                ("novelty", dims.novelty),
-                ("tool_diversity", dims.tool_diversity),
-                ("outcome", dims.outcome),
-            ):
-                metrics.dimensions.labels(name).observe(value)
+            for dimension in fields(dims):  # each labelled by its field's name
+                metrics.dimensions.labels(dimension.name).observe(getattr(dims, dimension.name))
 
     def partition_forgotten(self, tp: TopicPartition) -> None:
         """A partition forgotten (lost, or failed) stops being reported until scored again."""
