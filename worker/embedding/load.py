@@ -53,12 +53,7 @@ def open_embedder(config: EmbedderConfig) -> OnnxEmbedder:
     length, or that does not produce 384-d hidden states, fails here rather than on the
     first long trace.
     """
-    if (
-        config.batch_size < 1
-        or config.max_tokens < 2
-        or config.threads < 1
-        or config.concurrency < 1
-    ):
+    if min(config.batch_size, config.threads, config.concurrency) < 1 or config.max_tokens < 2:
         raise EmbedderUnavailable(
             f"invalid embedder options: batch_size={config.batch_size}, "
             f"max_tokens={config.max_tokens}, intra_op_threads={config.threads}, "

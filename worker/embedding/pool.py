@@ -87,15 +87,13 @@ class OnnxEmbedder:
         return self._executor().submit(self._embed_serially, list(texts), timing)
 
     def _embed_serially(self, texts: Sequence[str], timing: RunTiming | None = None) -> FloatArray:
-        if timing is not None:
-            timing.started = time.monotonic()
+        timing = timing or RunTiming()  # stamped whether or not the caller reads it
+        timing.started = time.monotonic()
         result, batches = self._plan(texts)
-        if timing is not None:
-            timing.tokenized = time.monotonic()
+        timing.tokenized = time.monotonic()
         for rows, batch in batches:
             result[rows] = self._embed_batch(*batch)
-        if timing is not None:
-            timing.finished = time.monotonic()
+        timing.finished = time.monotonic()
         return result
 
     def _plan(
