@@ -109,8 +109,7 @@ class EmbeddedBroker:
             except BaseException:
                 # Ctrl-C while it starts: the broker runs in its own session, so the signal
                 # never reached it and nothing else would stop it.
-                self._stop_process(timeout=5.0)
-                self._remove_owned_log()
+                self.stop()
                 raise
             if outcome == "ready":
                 _running.add(self)
@@ -120,8 +119,7 @@ class EmbeddedBroker:
                 self.port = free_loopback_port()
                 continue
             log_tail = self._read_log()[-_LOG_TAIL_CHARS:]
-            self._stop_process(timeout=5.0)
-            self._remove_owned_log()
+            self.stop()
             raise BrokerStartError(self._failure_message(outcome, timeout, log_tail))
 
     def stop(self, timeout: float = 5.0) -> None:

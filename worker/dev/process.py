@@ -4,6 +4,7 @@ start their workers here, with the same settings and the same log handling."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 import subprocess
@@ -99,10 +100,8 @@ class WorkerProcess:
         out = []
         for line in self.log_path.read_bytes().splitlines():
             if line.startswith(b"{"):
-                try:
+                with contextlib.suppress(orjson.JSONDecodeError):
                     out.append(orjson.loads(line))
-                except orjson.JSONDecodeError:
-                    continue
         return out
 
     def log_text(self) -> str:
