@@ -67,9 +67,7 @@ async def stop_all(*clients: Stoppable | None) -> None:
     """Stop every client, each even when stopping one before it was cancelled (Ctrl-C):
     a client left open is reported as "Unclosed" at exit. The cancellation is raised after."""
     cancelled: asyncio.CancelledError | None = None
-    for client in clients:
-        if client is None:
-            continue
+    for client in filter(None, clients):
         try:
             await client.stop()
         except asyncio.CancelledError as exc:

@@ -111,25 +111,21 @@ class TransactionalPublisher(Publisher):
         are released."""
         wanted = set(partitions)
         async with self._fencing:
-            await self._fence(wanted)
-
-    async def _fence(self, wanted: set[Partition]) -> None:
-        await self._release([tp for tp in self._owned if tp not in wanted])
-        new = sorted(tp for tp in wanted if tp not in self._owned)
-        producers = {tp: self._new_producer(self.transactional_id(tp)) for tp in new}
-        started = await asyncio.gather(
-            *(producer.start() for producer in producers.values()), return_exceptions=True
-        )
-        failed = [exc for exc in started if isinstance(exc, BaseException)]
-        if failed:
-            await asyncio.gather(
-                *(stop_client(p, "transactional producer") for p in producers.values())
+            await self._release([tp for tp in self._owned if tp not in wanted])
+            new = sorted(tp for tp in wanted if tp not in self._owned)
+            producers = {tp: self._new_producer(self.transactional_id(tp)) for tp in new}
+            started = await asyncio.gather(
+                *(producer.start() for producer in producers.values()), return_exceptions=True
             )
-            raise failed[0]
-        for tp, producer in producers.items():
-            self._owned[tp] = _Owned(producer)
-        if new:
-            log.info("partitions fenced for exactly-once", extra={"partitions": new})
+            failed = [exc for exc in started if isinstance(exc, BaseException)]
+            if failed:
+                await asyncio.gather(
+                    *(stop_client(p, "transactional producer") for p in producers.values())
+                )
+                raise failed[0]
+            self._owned.update({tp: _Owned(producer) for tp, producer in producers.items()})
+            if new:
+                log.info("partitions fenced for exactly-once", extra={"partitions": new})
 
     async def release(self, partitions: Sequence[Partition]) -> None:
         """Own ``partitions`` no more: an open transaction is aborted, the producer stopped."""
