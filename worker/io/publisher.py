@@ -230,10 +230,9 @@ class Publisher:
             # From the first try: a request to a broker that vanished fails only after its
             # timeout, and that wait counts towards giving up.
             failing_since = failing_since or sent_at
-            gave_up = self._give_up_after is not None and (
+            if self._give_up_after is not None and (
                 time.monotonic() - failing_since >= self._give_up_after
-            )
-            if gave_up:
+            ):
                 raise KafkaError(
                     f"the broker acknowledged no output for {self._give_up_after:.0f} s "
                     f"({', '.join(sorted(errors))})"

@@ -26,6 +26,7 @@ record's output. The whole protocol is here, in numbered steps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -143,8 +144,7 @@ class Checkpoint:
     def assigned(self, partitions: Sequence[TopicPartition]) -> None:
         """Partitions no longer held start afresh: their next owner commits them."""
         held = set(partitions)
-        for tp in [tp for tp in self._committed if tp not in held]:
-            del self._committed[tp]
+        self._committed = {tp: offset for tp, offset in self._committed.items() if tp in held}
 
     # -- step 4 ------------------------------------------------------------------------------
     async def drain(self) -> None:
@@ -198,13 +198,12 @@ async def unconfirmed_commits(
         return offset is not None and offset >= position
 
     left = sorted(finished)
-    try:
+    # Unreachable, timed out, not coordinator: what is unconfirmed then is uncommitted.
+    with contextlib.suppress(Exception):
         async with asyncio.timeout(timeout):
             while left:
                 covered = await asyncio.gather(*(check(tp, finished[tp]) for tp in left))
                 left = [tp for tp, ok in zip(left, covered, strict=True) if not ok]
                 if left:
                     await asyncio.sleep(CONFIRM_POLL_SECONDS)
-    except Exception:  # unreachable, timed out, not coordinator: unconfirmed is uncommitted
-        return left
     return left
