@@ -151,7 +151,6 @@ class EmbeddedBroker:
         advertised = f"tcp://127.0.0.1:{self.advertised_port or self.port}"
         # Remember where this attempt's output starts: a given log file is appended to.
         self._log_offset = self.log_path.stat().st_size
-        env = {**os.environ, "NO_COLOR": "1"}
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
                 [
@@ -167,7 +166,7 @@ class EmbeddedBroker:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env={**os.environ, "NO_COLOR": "1"},
                 # Own process group: a Ctrl-C meant for the demo must not kill the broker
                 # before the worker has shut down cleanly against it.
                 start_new_session=True,

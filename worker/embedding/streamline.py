@@ -73,12 +73,11 @@ class GraphIndex:
                 self.consumers.setdefault(name, []).append(node)
         self.outputs = {out.name for out in graph.output}
         self.initializers = {init.name: init for init in graph.initializer}
-        self.constants: dict[str, np.ndarray] = {}
-        for node in graph.node:
-            if node.op_type == "Constant" and len(node.attribute) == 1:
-                attribute = node.attribute[0]
-                if attribute.name == "value":
-                    self.constants[node.output[0]] = numpy_helper.to_array(attribute.t)
+        self.constants: dict[str, np.ndarray] = {
+            node.output[0]: numpy_helper.to_array(node.attribute[0].t)
+            for node in graph.node
+            if node.op_type == "Constant" and [a.name for a in node.attribute] == ["value"]
+        }
         self._numpy_helper = numpy_helper
 
     def constant(self, name: str) -> np.ndarray | None:
