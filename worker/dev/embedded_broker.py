@@ -118,9 +118,10 @@ class EmbeddedBroker:
                 # Another process took the port between choosing it and binding it.
                 self.port = free_loopback_port()
                 continue
-            log_tail = self._read_log()[-_LOG_TAIL_CHARS:]
+            # Said before the stop, which forgets the process and its exit status.
+            failure = self._failure_message(outcome, timeout, self._read_log()[-_LOG_TAIL_CHARS:])
             self.stop()
-            raise BrokerStartError(self._failure_message(outcome, timeout, log_tail))
+            raise BrokerStartError(failure)
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM the broker, SIGKILL it after ``timeout`` seconds; safe to call repeatedly."""
