@@ -103,14 +103,10 @@ def _value(option: click.Option, ctx: click.Context) -> str:
 
 
 def _meaning(option: click.Option, ctx: click.Context) -> str:
-    text = option.help or ""
-    default = option.get_default(ctx, call=False)
-    shown = isinstance(default, str | float | int) and not isinstance(default, bool)
-    if shown and "default" not in text:
-        text += f" (default: {default})"
-    if option.required:
-        text += " (required)"
-    return _cell(text.strip())
+    """The option's help as ``--help`` shows it: click adds its default, and that it is
+    required."""
+    record = option.get_help_record(ctx)
+    return _cell(" ".join((record[1] if record else "").split()))
 
 
 def command_flags() -> str:

@@ -252,26 +252,15 @@ class Described(click.Argument):
         self.help = help
 
     def get_help_record(self, ctx: click.Context) -> tuple[str, str]:
-        return self.make_metavar(ctx), self.help
+        default = self.get_default(ctx, call=False)
+        shown = f" [default: {default}]" if isinstance(default, str) else ""  # not unset
+        return self.make_metavar(ctx), self.help + shown
 
 
 class Command(click.Command):
-    """A command whose help states each default beyond off or unset (unless the help says it),
-    and that warns of unknown ``KP_*`` variables once its flags are read."""
-
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = []
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is None:
-                continue
-            name, text = record
-            default = param.get_default(ctx, call=False)  # off is False, unset is no str
-            if isinstance(default, str | float) and "default" not in text:
-                text += f" (default: {default})"
-            rows.append((name, text))
-        with formatter.section("Options"):
-            formatter.write_dl(rows)
+    """A command whose help lists its positional arguments with the options, each default
+    shown by click (``show_default``, set on the group), and that warns of unknown ``KP_*``
+    variables once its flags are read."""
 
     def get_short_help_str(self, limit: int = 0) -> str:
         return self.short_help or self.help or ""  # whole, as the list of commands has room
@@ -316,7 +305,9 @@ class Group(SuggestingGroup):
 
 
 kp_scorer = Group(
-    "kp-scorer", help=__doc__, context_settings={"help_option_names": ["-h", "--help"]}
+    "kp-scorer",
+    help=__doc__,
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
 )
 click.version_option(__version__, "--version", message="kp-scorer %(version)s")(kp_scorer)
 

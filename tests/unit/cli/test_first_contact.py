@@ -380,12 +380,12 @@ def test_partition_by_a_field_no_line_has_is_warned_of() -> None:
 
 def test_help_shows_defaults() -> None:
     score = kp_scorer("score", "--help").stdout
-    assert "JSONL file, or - for stdin (default: -)" in score
+    assert "JSONL file, or - for stdin [default: -]" in score
     assert "(default: KP_ACCEPT_THRESHOLD, else 0.75)" in " ".join(score.split())
     demo_help = " ".join(kp_scorer("demo", "--help").stdout.split())
-    assert "traces published per second (default: 10.0)" in demo_help
-    assert "seconds to wait for outputs (default: 180.0)" in demo_help
-    assert "(default: False)" not in demo_help
+    assert "traces published per second [default: 10.0]" in demo_help
+    assert "seconds to wait for outputs [default: 180.0]" in demo_help
+    assert "default: False" not in demo_help
 
 
 # --- the demo's summary, piped --------------------------------------------------------------
