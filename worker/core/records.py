@@ -145,10 +145,9 @@ class LineRecords:
         partition = 0
         if self.partition_by is not None:
             value = _find(document, self.partition_by)
+            self.lines_with_field += value is not _ABSENT
             if value is _ABSENT:
                 value = None
-            else:
-                self.lines_with_field += 1
             try:
                 key = orjson.dumps(value).decode()
             except orjson.JSONEncodeError:  # nested too deep to write back: one shared group

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import inspect
 import itertools
 import logging
 import signal
@@ -18,6 +19,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,9 +189,7 @@ class ScorerApp(faust.App):
         self.transactions: TransactionalPublisher | None = None
         self._reader: PartitionLogReader | None = None
         self._http: http.OpsServer | None = None
-        self._ticker: asyncio.Future[None] | None = None
-        self._trimmer: asyncio.Future[None] | None = None
-        self._refusals: asyncio.Future[None] | None = None
+        self._periodic: list[asyncio.Future[None]] = []
 
     def _new_transport(self) -> TransportT:
         return ScorerTransport(self.conf.broker_consumer, self, loop=self.loop)
@@ -204,9 +204,14 @@ class ScorerApp(faust.App):
             self._http = http.OpsServer(self.metrics_listener, observer.health).start()
         else:
             self._http = http.serve(settings.metrics_port, observer.health)
-        self._ticker = asyncio.ensure_future(keep_loop_ticking(observer))
-        self._trimmer = asyncio.ensure_future(_trim_memory())
-        self._refusals = asyncio.ensure_future(self._take_refusals())
+        # From the start: faust's timers (the probe's) run only once the group assigned
+        # partitions. The loop's tick is /healthz's; freed memory is returned off the loop.
+        trim = functools.partial(asyncio.to_thread, release_freed_memory)
+        self._periodic = [
+            asyncio.ensure_future(every(observer.health.tick_seconds, observer.health.loop_ticked)),
+            asyncio.ensure_future(every(MEMORY_TRIM_SECONDS, trim)),
+            asyncio.ensure_future(every(PROBE_INTERVAL_SECONDS, self._take_refusal)),
+        ]
         observer.configured_thresholds(settings.accept_threshold, settings.domain_thresholds)
         store = await _wait_for_kafka(settings, observer, self.failures)
         scorer = await asyncio.to_thread(build_scorer, settings)
@@ -250,14 +255,11 @@ class ScorerApp(faust.App):
             },
         )
 
-    async def _take_refusals(self) -> None:
-        """Every probe interval, what the group consumer was refused (the group's Read):
-        aiokafka holds it for a caller that faust's fetch is not (ScorerConsumerThread). From
-        the start: faust's timers, the probe's, run only once the group assigned partitions."""
-        while True:
-            await asyncio.sleep(PROBE_INTERVAL_SECONDS)
-            if isinstance(self._consumer, library_overrides.ScorerConsumer):
-                self._consumer.take_refusal()
+    def _take_refusal(self) -> None:
+        """What the group consumer was refused (the group's Read): aiokafka holds it for a
+        caller that faust's fetch is not (ScorerConsumerThread)."""
+        if isinstance(self._consumer, library_overrides.ScorerConsumer):
+            self._consumer.take_refusal()
 
     def _scoring_failed(self, exc: BaseException) -> None:
         """A record could not be scored or published: exit rather than idle with a gap (the
@@ -291,7 +293,7 @@ class ScorerApp(faust.App):
                     extra={"partitions": self.left_uncommitted, "exit_code": EXIT_DEADLINE},
                 )
         await stop_all(self._reader, self._publisher)
-        for task in filter(None, (self._ticker, self._trimmer, self._refusals)):
+        for task in self._periodic:
             task.cancel()
         if self._http is not None:
             self._http.shutdown()
@@ -305,18 +307,12 @@ def _data_directory(group_id: str) -> Path:
     return Path(tempfile.gettempdir()) / f"kp-scorer-{digest}"
 
 
-async def keep_loop_ticking(observer: MetricsObserver) -> None:
-    """Stamp the event loop's liveness for /healthz (read from the HTTP thread)."""
+async def every(seconds: float, action: Callable[[], Awaitable[None] | None]) -> None:
+    """Run ``action`` (awaited if it is a coroutine) now, then every ``seconds``."""
     while True:
-        observer.health.loop_ticked()
-        await asyncio.sleep(observer.health.tick_seconds)
-
-
-async def _trim_memory() -> None:
-    """Return freed heap memory to the system now and then (off the event loop)."""
-    while True:
-        await asyncio.sleep(MEMORY_TRIM_SECONDS)
-        await asyncio.to_thread(release_freed_memory)
+        if inspect.isawaitable(result := action()):
+            await result
+        await asyncio.sleep(seconds)
 
 
 async def _wait_for_kafka(

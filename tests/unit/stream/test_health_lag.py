@@ -165,12 +165,13 @@ def test_a_lone_offset_no_record_fills_stops_counting_as_waiting() -> None:
 @pytest.mark.parametrize("stall_seconds", [0.6, 1.5, 3.0])
 def test_a_running_event_loop_is_live_at_any_stall_setting(stall_seconds: float) -> None:
     """The loop must tick well within a third of KP_HEALTH_STALL_SECONDS, however short."""
-    from worker.io.app import keep_loop_ticking
+    from worker.io.app import every
 
     observer = MetricsObserver(stall_seconds=stall_seconds)
 
     async def sample() -> list[str]:
-        ticker = asyncio.ensure_future(keep_loop_ticking(observer))
+        health = observer.health
+        ticker = asyncio.ensure_future(every(health.tick_seconds, health.loop_ticked))
         checks = []
         for _ in range(30):
             await asyncio.sleep(0.05)
