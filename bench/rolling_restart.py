@@ -268,6 +268,8 @@ async def run_mode(
             )
             mode.steps.append(step)
             print(f"[{name}] {step}", flush=True)
+            if code != 0:  # why, while its log is still there
+                print(fleet.retired[-1].tail(20), flush=True)
         rollout_ended = time.time()
         mode.rollout_seconds = rollout_ended - rollout_began
         phases["rollout"] = (rollout_began, rollout_ended)
