@@ -20,6 +20,8 @@ the library renames or reshapes a member used here. The other override, aiokafka
   with exactly-once, the offsets are committed in the partitions' transactions instead.
 - ``Consumer.on_stop`` / ``maybe_wait_for_commit_to_finish``: the last commit at a stop
   covers every acknowledged record, even with a commit under way.
+- ``Consumer.on_partitions_revoked``: the revoked partitions' acknowledged records are
+  committed before they go.
 - ``Consumer.perform_seek``: with exactly-once, the partitions' previous owners are fenced
   before the committed offsets are read.
 - ``Consumer._read_offset`` (read in ``getmany``) and ``_committed_offset``, ``_acked``,
@@ -48,6 +50,8 @@ from worker.stream.permissions import Permissions, Refusal
 # works lifts the refusal once none came for this long.
 REFUSED_FETCH_PAUSE_SECONDS = 1.0
 REFUSED_FETCH_QUIET_SECONDS = 2.0
+# The longest a revocation waits to commit the revoked partitions' acknowledged records.
+REVOKE_COMMIT_SECONDS = 5.0
 
 
 class ScorerConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -209,6 +213,20 @@ class ScorerConsumer(faust_aiokafka.Consumer):
         if landed and stream is not None:
             stream.checkpoint.committed(offsets)
         return landed
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        """faust's revocation, after committing what was acknowledged of ``revoked``, as a
+        Kafka consumer does in its revocation callback (the group still takes commits of its
+        generation then). faust, without its ``stream_wait_empty``, drops their
+        acknowledgements uncommitted: their next owner scored up to a commit interval of
+        records again, and a stop of this worker before that owner had committed past them
+        exited 75. A commit that fails or takes over REVOKE_COMMIT_SECONDS leaves them to be
+        redelivered, as before. With exactly-once the app commits the partitions' transactions."""
+        if revoked and self.app.transactions is None:  # type: ignore[attr-defined]
+            await self.maybe_wait_for_commit_to_finish()
+            with contextlib.suppress(TimeoutError, KafkaError):
+                await asyncio.wait_for(self.commit(revoked), REVOKE_COMMIT_SECONDS)
+        await super().on_partitions_revoked(revoked)
 
     async def on_stop(self) -> None:
         """faust's last commit at a stop, after the commit under way (if any) ended: faust's

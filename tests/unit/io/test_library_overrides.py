@@ -297,3 +297,31 @@ def test_the_last_commit_at_a_stop_follows_a_commit_under_way(
 
     asyncio.run(scenario())
     assert commits == ["periodic", "last"]
+
+
+def test_revoked_partitions_are_committed_before_they_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """faust gave revoked partitions up with their acknowledgements uncommitted (their next
+    owner scored those records again); exactly-once commits them in the app's own handler."""
+    steps: list[str] = []
+
+    async def commit(self: object, topics: set[TP] | None = None, **kwargs: object) -> bool:
+        steps.append(f"commit {sorted(topics or ())}")
+        return True
+
+    async def revoked(self: object, partitions: set[TP]) -> None:
+        steps.append("faust's revocation")
+
+    monkeypatch.setattr(library_overrides.ScorerConsumer, "commit", commit)
+    monkeypatch.setattr(faust_aiokafka.Consumer, "on_partitions_revoked", revoked)
+    consumer = object.__new__(library_overrides.ScorerConsumer)
+    consumer._commit_fut = None
+    partition = TP("raw", 1)
+
+    consumer.app = SimpleNamespace(transactions=None)
+    asyncio.run(consumer.on_partitions_revoked({partition}))
+    assert steps == [f"commit {[partition]}", "faust's revocation"]
+
+    steps.clear()
+    consumer.app = SimpleNamespace(transactions=object())
+    asyncio.run(consumer.on_partitions_revoked({partition}))
+    assert steps == ["faust's revocation"]
