@@ -40,8 +40,7 @@ def error_line(exc: BaseException, limit: int = 300) -> str:
     text = _flat(exc)
     if not text or text == name:
         return name
-    line = text if text.startswith(f"{name}: ") else f"{name}: {text}"
-    return line[:limit]
+    return (text if text.startswith(f"{name}: ") else f"{name}: {text}")[:limit]
 
 
 def _within(name: str, loggers: tuple[str, ...]) -> bool:

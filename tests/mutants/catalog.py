@@ -223,8 +223,8 @@ MUTANTS: tuple[Mutant, ...] = (
         name="gap-not-read-from-the-log",
         promise="Records the consumer skipped are read from the log and scored",
         path="worker/stream/partitions.py",
-        old="admitted.to_score += gap",
-        new="del gap",
+        old="admitted.to_score += await self._read_gap(tp, expected, record.offset)",
+        new="await self._read_gap(tp, expected, record.offset)",
         tests=(
             "tests/unit/stream/test_stream.py::test_gap_before_first_delivery_is_read_from_the_log",
             "tests/unit/stream/test_stream.py::test_gap_inside_and_between_batches",

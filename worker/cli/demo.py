@@ -269,8 +269,7 @@ def demo(traces: Path | None, rate: float, timeout: float, keep_running: bool) -
                 return 1
             published_at = time.monotonic()
             cli.say(f"publishing {len(samples)} sample traces + {len(MALFORMED)} malformed")
-            expected = asyncio.run(publish_traces(settings, samples, rate))
-            accounting = Accounting(expected=expected)
+            accounting = Accounting(expected=asyncio.run(publish_traces(settings, samples, rate)))
             asyncio.run(collect_outputs(settings, accounting, timeout))
             if not worker.alive():
                 cli.say(f"the worker exited early; see {log}", "red")

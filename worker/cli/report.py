@@ -121,8 +121,7 @@ def _bar_chart(figure_type: type[Figure], counts: dict[str, int], xlabel: str, e
     names = list(counts)[::-1]  # largest on top
     values = [counts[n] for n in names]
     if names:
-        bars = axes.barh(names, values, height=0.6)
-        axes.bar_label(bars, padding=3, fontsize=8)
+        axes.bar_label(axes.barh(names, values, height=0.6), padding=3, fontsize=8)
     else:
         axes.set_yticks([])
         _note_empty(axes, empty)

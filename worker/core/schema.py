@@ -84,8 +84,7 @@ def check_trace_document(document: dict[str, Any]) -> None:
     except ValueError as exc:
         # Only Python objects that JSON cannot hold (a set, an int key) get here: parse_trace
         # never passes one.
-        reason = f"(root): not a JSON document ({str(exc)[:120]})"
-        raise SchemaViolationError(reason) from None
+        raise SchemaViolationError(f"(root): not a JSON document ({str(exc)[:120]})") from None
 
 
 def output_violation(document: dict[str, Any]) -> tuple[bool, str] | None:

@@ -77,8 +77,7 @@ async def connection_refusal(
     """Why the first bootstrap server refuses a connection from these settings: its TLS
     certificate is not trusted, or SASL refused the mechanism or the credentials. None when
     it accepts one, or cannot be reached at all (an outage is no refusal)."""
-    server = settings.kafka_bootstrap_servers.split(",")[0].strip()
-    host, _, port = server.rpartition(":")
+    host, _, port = settings.kafka_bootstrap_servers.split(",")[0].strip().rpartition(":")
     config = client_config(settings)
     config.pop("bootstrap_servers")
     try:

@@ -375,8 +375,7 @@ class PartitionLogReader:
         stop_at = None if end_may_pass_the_log else end
         idle_rounds = 0
         while stop_at is None or await self._consumer.position(tp) < stop_at:
-            batch = await self._consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)
-            messages = batch.get(tp, [])
+            messages = (await self._consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS)).get(tp, [])
             if stop_at is None:
                 stop_at = self._consumer.highwater(tp)
                 if stop_at is not None and end is not None:

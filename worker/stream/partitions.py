@@ -206,8 +206,7 @@ class Partitions:
                     admitted.redelivered.append(record)  # its embedding is in the cache
                     continue
                 if record.offset > expected:
-                    gap = await self._read_gap(tp, expected, record.offset)
-                    admitted.to_score += gap
+                    admitted.to_score += await self._read_gap(tp, expected, record.offset)
                 admitted.to_score.append(record)
                 self._next_offset[tp] = self._reached[tp] = record.offset + 1
             return admitted
