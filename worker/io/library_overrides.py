@@ -18,8 +18,8 @@ the library renames or reshapes a member used here. The other override, aiokafka
   a partition in the client while faust's buffer for it is full.
 - ``Consumer._commit``: every commit passes the checkpoint first (a commit never goes back);
   with exactly-once, the offsets are committed in the partitions' transactions instead.
-- ``Consumer.on_stop`` / ``maybe_wait_for_commit_to_finish``: the last commit at a stop
-  covers every acknowledged record, even with a commit under way.
+- ``Consumer.commit`` / ``maybe_wait_for_commit_to_finish``: a commit asked for while another
+  is under way still commits, once that one ended (the last commit at a stop among them).
 - ``Consumer.on_partitions_revoked``: the revoked partitions' acknowledged records are
   committed before they go.
 - ``Consumer.perform_seek``: with exactly-once, the partitions' previous owners are fenced
@@ -40,6 +40,7 @@ import aiokafka
 from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, ConsumerMessage, Message
+from faust.types.transports import TPorTopicSet
 
 from worker.io import unreadable
 from worker.io.access import AUTHORIZATION_ERRORS, refusals
@@ -214,6 +215,16 @@ class ScorerConsumer(faust_aiokafka.Consumer):
             stream.checkpoint.committed(offsets)
         return landed
 
+    async def commit(
+        self, topics: TPorTopicSet | None = None, start_new_transaction: bool = True
+    ) -> bool:
+        """faust's commit, after the commit under way (if any) ended: faust's own, finding one
+        under way, waits for it and commits nothing more. What was acknowledged meanwhile then
+        stayed uncommitted: at a stop (faust's last commit) a clean stop exited 75, and at a
+        revocation (below) the partitions' next owner scored it again."""
+        await self.maybe_wait_for_commit_to_finish()
+        return await super().commit(topics, start_new_transaction=start_new_transaction)
+
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         """faust's revocation, after committing what was acknowledged of ``revoked``, as a
         Kafka consumer does in its revocation callback (the group still takes commits of its
@@ -223,17 +234,9 @@ class ScorerConsumer(faust_aiokafka.Consumer):
         exited 75. A commit that fails or takes over REVOKE_COMMIT_SECONDS leaves them to be
         redelivered, as before. With exactly-once the app commits the partitions' transactions."""
         if revoked and self.app.transactions is None:  # type: ignore[attr-defined]
-            await self.maybe_wait_for_commit_to_finish()
             with contextlib.suppress(TimeoutError, KafkaError):
                 await asyncio.wait_for(self.commit(revoked), REVOKE_COMMIT_SECONDS)
         await super().on_partitions_revoked(revoked)
-
-    async def on_stop(self) -> None:
-        """faust's last commit at a stop, after the commit under way (if any) ended: faust's
-        own, finding one under way, waits for it and commits nothing more, which left the
-        records acknowledged meanwhile uncommitted, and a clean stop exiting 75."""
-        await self.maybe_wait_for_commit_to_finish()
-        await super().on_stop()
 
     async def perform_seek(self) -> None:
         """faust's seek to the committed offsets, where with exactly-once each partition's

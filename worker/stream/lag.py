@@ -124,8 +124,7 @@ class PartitionLag:
                 seconds = 0.0
                 if behind:
                     known = [t for t in (state.last_timestamp, state.caught_up_at) if t is not None]
-                    since = max(known) if known else state.assigned_at
-                    seconds = max(0.0, now - since)
+                    seconds = max(0.0, now - (max(known) if known else state.assigned_at))
                 lags.append(Lag(topic, partition, behind, seconds))
         return lags
 

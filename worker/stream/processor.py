@@ -152,8 +152,7 @@ class StreamScorer:
         self, delivered: Sequence[SourceRecord], received_at: Sequence[float] | None = None
     ) -> list[RoutedRecord]:
         """Submit and wait until all of it is published; raises what the pipeline raised."""
-        pending = await self.submit(delivered, received_at)
-        results = await asyncio.gather(*pending)
+        results = await asyncio.gather(*await self.submit(delivered, received_at))
         return [routed for routed in results if routed is not None]
 
     async def close(self, timeout: float) -> None:
