@@ -136,6 +136,24 @@ def thread_lines(
     ]
 
 
+def thread_ms_per_item(
+    before: dict[int, tuple[float, float]],
+    after: dict[int, tuple[float, float]],
+    main_tid: int | None,
+    items: int,
+) -> str:
+    """Each busy thread's ms on a core per item (a trace), the main thread (the event loop)
+    first, then the others by size: where a process's CPU a trace goes."""
+    if not items:
+        return ""
+    ms = {tid: (after[tid][0] - before.get(tid, (0.0, 0.0))[0]) * 1000 / items for tid in after}
+    main = ms.pop(main_tid, 0.0) if main_tid is not None else 0.0
+    busy = sorted((v for v in ms.values() if v >= 0.05), reverse=True)
+    others = ", ".join(f"{v:.2f}" for v in busy)
+    quiet = sum(v for v in ms.values() if v < 0.05)
+    return f"main thread {main:.2f}; the others {others} (and {quiet:.2f} more)"
+
+
 def proc_status_kib(pid: int | str, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):

@@ -140,6 +140,7 @@ class Phase:
     worker_cores: float
     load_average: str
     cpu_seconds: dict[str, float]  # worker, broker, load generator (this process)
+    threads: str  # the worker's CPU a trace, thread by thread
     wall_seconds: float
     breakdown: list[str]  # the slowest traces' stages, and all traces'
     simulated_p99: float | None  # the model alone as shipped on the phase's arrivals
@@ -342,12 +343,16 @@ async def run_phase(
     before = _metrics.scrape(await asyncio.to_thread(config.worker.metrics_text))
     pids = {"worker": config.worker.pid, "broker": broker_pid, "load generator": os.getpid()}
     cpu_before = {name: _machine.cpu_seconds(pid) for name, pid in pids.items()}
+    threads_before = _machine.thread_schedstats(config.worker.pid)
     wall_before = time.monotonic()
     load_average = _machine.load_average()
     sent, achieved = await paced(bootstrap, config, records, rate, args.arrivals, seed)
     await wait_acknowledged(config, sent, timeout=60 + args.per_phase)
     wall = time.monotonic() - wall_before
     cpu = {name: _machine.cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    threads = _machine.thread_ms_per_item(
+        threads_before, _machine.thread_schedstats(config.worker.pid), config.worker.pid, len(sent)
+    )
     cores = cpu["worker"] / wall
     await asyncio.sleep(0.5)  # metrics are observed right after the broker's acks
     diff = _metrics.delta(
@@ -379,6 +384,7 @@ async def run_phase(
         worker_cores=cores,
         load_average=load_average,
         cpu_seconds=cpu,
+        threads=threads,
         wall_seconds=wall,
         breakdown=breakdown_lines(outputs, sent, engine),
         simulated_p99=None if engine is None else simulated_p99(engine, sent),
@@ -475,7 +481,7 @@ def print_phase(phase: Phase) -> None:
         f"load average {phase.load_average}\n"
         f"    CPU s over {phase.wall_seconds:.1f} s: "
         + ", ".join(f"{name} {seconds:.2f}" for name, seconds in phase.cpu_seconds.items())
-        + "\n"
+        + f"\n    the worker's CPU ms a trace by thread: {phase.threads}\n"
         f"    worker      p50/p95/p99 ms {quantiles_ms(h)}   over 100 ms "
         f"{h.share_above(BUDGET_SECONDS):6.1%} ({phase.breaches_counter:.0f}/{h.count:.0f})\n"
         f"    end to end  p50/p95/p99 ms {quantiles_ms(e2e)}   over 150 ms "

@@ -79,3 +79,14 @@ def test_the_worker_cpu_simulation_stretches_each_run_by_cpu_a_trace(bench: Modu
     p99, worker_ms, model_ms = bench.simulated_at_worker_cpu(engine, apart, 9.0)
     assert (worker_ms, model_ms) == pytest.approx((90.0, 60.0))
     assert p99 == pytest.approx(0.08 * 1.5)
+
+
+def test_the_cpu_a_trace_by_thread_puts_the_event_loop_first(bench: ModuleType) -> None:
+    """Each thread's ms on a core per trace over the phase: the main thread (the event loop)
+    named first, the others largest first, and threads that hardly ran summed."""
+    machine = sys.modules["_machine"]
+    before = {1: (1.0, 0.0), 2: (10.0, 0.0), 3: (0.5, 0.0)}
+    after = {1: (1.4, 0.0), 2: (14.0, 0.0), 3: (0.7, 0.0), 4: (0.001, 0.0)}
+    line = machine.thread_ms_per_item(before, after, main_tid=1, items=100)
+    assert line == "main thread 4.00; the others 40.00, 2.00 (and 0.01 more)"
+    assert machine.thread_ms_per_item(before, after, main_tid=1, items=0) == ""

@@ -1,0 +1,242 @@
+"""The worker's CPU a trace beside the floor under it: the Kafka clients alone, and the worker
+without its model.
+
+    python bench/client_floor.py [--rates 5.5,11] [--records 600] [--cpu 1] [--others-cpus 0]
+
+Apache Kafka (one node, started on loopback as the tests start it) and this process (the load
+generator) run on --others-cpus; each subject runs alone on --cpu, one after another, on its
+own 4-partition topics, fed the same Poisson arrivals of bench corpus records (unique texts)
+at each of --rates records/s:
+
+- ``clients``: aiokafka alone, as the worker configures it: a consumer of the input
+  (read_committed, the worker's fetch wait), and for each record a copy of its value
+  published to an output topic (acks=all, idempotent, linger 0) and awaited, offsets
+  committed every second: the least any aiokafka worker does per record;
+- ``clients+model``: the same, each record's text embedded before its value is published:
+  the least any aiokafka worker with this model does per record;
+- ``no model``: ``kp-scorer worker`` with a model file that does not load (novelty 0.5, no
+  model runs): faust, the pipeline, the metrics and publishing, without the model;
+- ``worker``: ``kp-scorer worker`` as shipped.
+
+Per subject and rate: its CPU ms a record (utime + stime over the phase, from sending the
+first record to the last output's arrival), each thread's, and that against the model's
+CPU a text alone (the embedder as shipped in this process, one text at a time, on --cpu,
+the mean of a measurement just before and one just after the phase). The worker's target
+is 1.1x the model's: ``clients+model`` shows how close to the model alone any worker on
+these clients can come, and ``no model`` what faust and the pipeline add to the clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import _corpus
+import _machine
+import _worker
+import numpy as np
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.apache_kafka import ApacheKafka
+
+from worker.core.trace import parse_trace
+from worker.settings import Settings
+
+COMMIT_SECONDS = 1.0  # the worker's KP_COMMIT_INTERVAL_SECONDS default
+MODEL_TEXTS = 50  # texts of each measurement of the model alone
+
+
+async def clients(bootstrap: str, source: str, output: str, group: str, model: bool) -> None:
+    """The ``clients`` subject: consume, publish each value, await its ack, commit; with
+    ``model``, each record's text is embedded first (the model as shipped)."""
+    settings = Settings()
+    embedder = None
+    if model:
+        from worker.embedding import EmbedderConfig, load_embedder
+
+        embedder, why = load_embedder(EmbedderConfig.from_settings(settings))
+        if embedder is None:
+            raise SystemExit(f"the model did not load: {why}")
+    consumer = AIOKafkaConsumer(
+        source,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        fetch_max_bytes=settings.fetch_max_bytes,
+    )
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0
+    )
+    await producer.start()
+    await consumer.start()
+    print("ready", flush=True)
+    last_commit = time.monotonic()
+    try:
+        while True:
+            batches = await consumer.getmany(timeout_ms=1000)
+            for records in batches.values():
+                for record in records:
+                    if embedder is not None:
+                        text = parse_trace(record.value).embedding_text()
+                        await asyncio.wrap_future(embedder.submit([text]))
+                    await (await producer.send(output, record.value, key=record.key))
+            if time.monotonic() - last_commit >= COMMIT_SECONDS:
+                await consumer.commit()
+                last_commit = time.monotonic()
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+async def outputs_total(bootstrap: str, topics: list[str]) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(t, p) for t in topics for p in range(_worker.PARTITIONS)]
+        return sum((await consumer.end_offsets(partitions)).values())
+    finally:
+        await consumer.stop()
+
+
+async def feed(bootstrap: str, topic: str, rate: float, count: int, seed: int) -> float:
+    """Send ``count`` records at Poisson arrivals of ``rate``; returns when they were sent."""
+    records = _corpus.corpus(count, f"floor-{uuid.uuid4().hex[:6]}")
+    due = np.cumsum(np.random.default_rng(seed).exponential(1 / rate, size=count))
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks="all")
+    await producer.start()
+    try:
+        started = time.monotonic()
+        for record, at in zip(records, due - due[0], strict=True):
+            await asyncio.sleep(max(0.0, started + at - time.monotonic()))
+            await producer.send(topic, record.value, key=record.key)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return started
+
+
+def start_subject(name: str, bootstrap: str, topics: _worker.Topics) -> tuple[object, int]:
+    """The subject's process, started and ready; (handle, pid)."""
+    if name.startswith("clients"):
+        output = next(iter(topics.outputs))
+        process = subprocess.Popen(
+            [sys.executable, __file__, "--role", name, "--bootstrap", bootstrap,
+             "--input", topics.input, "--output", output, "--group", f"{topics.prefix}-g"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != "ready":
+            raise RuntimeError("the clients subject did not start")
+        return process, process.pid
+    env = {} if name == "worker" else {"KP_MODEL_PATH": "/etc/hostname"}  # not a model
+    worker = _worker.Worker(bootstrap, **{**topics.worker_env(), **env})
+    worker.start()
+    asyncio.run(worker.wait_serving())
+    worker.wait_ready()
+    assert worker.pid is not None
+    return worker, worker.pid
+
+
+def stop_subject(handle: object) -> None:
+    if isinstance(handle, subprocess.Popen):
+        handle.terminate()
+        handle.wait(30)
+    else:
+        handle.cleanup()  # type: ignore[attr-defined]
+
+
+def phase(bootstrap: str, name: str, rate: float, count: int, seed: int, cpu: set[int]) -> dict:
+    topics = _worker.Topics(f"bench-floor-{uuid.uuid4().hex[:8]}")
+    asyncio.run(_worker.create_topics(bootstrap, topics))
+    with _machine.pinned(cpu):
+        handle, pid = start_subject(name, bootstrap, topics)
+    try:
+        time.sleep(3.0)
+        cpu_before, threads_before = _machine.cpu_seconds(pid), _machine.thread_schedstats(pid)
+        started = asyncio.run(feed(bootstrap, topics.input, rate, count, seed))
+        deadline = time.monotonic() + 120 + count / rate
+        while asyncio.run(outputs_total(bootstrap, list(topics.outputs))) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name}: not every record came out")
+            time.sleep(0.25)
+        wall = time.monotonic() - started
+        used = _machine.cpu_seconds(pid) - cpu_before
+        threads = _machine.thread_ms_per_item(
+            threads_before, _machine.thread_schedstats(pid), pid, count
+        )
+    finally:
+        stop_subject(handle)
+    return {"ms": used * 1000 / count, "cores": used / wall, "threads": threads}
+
+
+def model_reference(cpu: set[int]) -> Callable[[int], float]:
+    """The embedder as shipped, loaded on ``cpu``; the function gives its CPU ms a text over
+    ``count`` new texts, one at a time. The machine's speed drifts by 5-10 % within minutes
+    here, so each phase is held against the model measured just before and just after it."""
+    from worker.embedding import EmbedderConfig, load_embedder
+
+    with _machine.pinned(cpu):  # the model's thread, started by the first run, stays there
+        embedder, why = load_embedder(EmbedderConfig.from_settings(Settings()))
+        if embedder is None:
+            raise SystemExit(f"the model did not load: {why}")
+        embedder.embed([r.text for r in _corpus.corpus(4, "warm")])
+
+    def measure(count: int) -> float:
+        texts = [r.text for r in _corpus.corpus(count, f"model-{uuid.uuid4().hex[:6]}")]
+        before = time.process_time()
+        for text in texts:
+            embedder.submit([text]).result()
+        return (time.process_time() - before) * 1000 / count
+
+    return measure
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rates", default="5.5,11")
+    parser.add_argument("--records", type=int, default=600)
+    parser.add_argument("--cpu", type=_machine.cpu_list, default={1})
+    parser.add_argument("--others-cpus", type=_machine.cpu_list, default={0})
+    parser.add_argument("--subjects", default="clients,no model,clients+model,worker")
+    for internal in ("--role", "--bootstrap", "--input", "--output", "--group"):
+        parser.add_argument(internal, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role is not None:
+        model = args.role == "clients+model"
+        asyncio.run(clients(args.bootstrap, args.input, args.output, args.group, model))
+        return
+    print(_machine.machine_line())
+    os.sched_setaffinity(0, args.others_cpus)  # the broker, started next, inherits them
+    model = model_reference(args.cpu)
+    broker = ApacheKafka()
+    broker.start()
+    try:
+        for seed, rate in enumerate(float(r) for r in args.rates.split(",")):
+            for name in args.subjects.split(","):
+                before = model(MODEL_TEXTS)
+                result = phase(broker.bootstrap_servers, name, rate, args.records, seed, args.cpu)
+                alone = (before + model(MODEL_TEXTS)) / 2
+                print(
+                    f"{rate:5.1f}/s {name:13s} {result['ms']:6.2f} CPU ms a record, "
+                    f"{result['ms'] / alone:.3f}x the model's {alone:.1f} (before and after), "
+                    f"{result['cores']:.3f} cores; by thread: {result['threads']}",
+                    flush=True,
+                )
+    finally:
+        broker.stop()
+    print(f"load average at end {_machine.load_average()}")
+
+
+if __name__ == "__main__":
+    main()
