@@ -24,6 +24,11 @@ CPU a text alone (the embedder as shipped in this process, one text at a time, o
 the mean of a measurement just before and one just after the phase). The worker's target
 is 1.1x the model's: ``clients+model`` shows how close to the model alone any worker on
 these clients can come, and ``no model`` what faust and the pipeline add to the clients.
+
+And per phase, from each record's sending to its output's timestamp (set by the subject's
+producer as it sends the output): p50/p95/p99, and p99 against the model alone simulated on
+the same send times (``bench/budget_floor.py``'s fluid model of the embedder as shipped on
+--cpu, as ``bench/latency_under_load.py`` simulates it), measured before each rate's phases.
 """
 
 from __future__ import annotations
@@ -37,10 +42,13 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import _corpus
 import _machine
+import _metrics
 import _worker
+import latency_under_load
 import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -52,10 +60,11 @@ from worker.settings import Settings
 
 COMMIT_SECONDS = 1.0  # the worker's KP_COMMIT_INTERVAL_SECONDS default
 MODEL_TEXTS = 50  # texts of each measurement of the model alone
+SIMULATED_TEXTS = 50  # the example texts the model alone is simulated with (record i: text i % 50)
 
 
 async def clients(bootstrap: str, source: str, output: str, group: str, model: bool) -> None:
-    """The ``clients`` subject: consume, publish each value, await its ack, commit; with
+    """The ``clients`` subject: consume, publish each value and await its ack, commit; with
     ``model``, each record's text is embedded first (the model as shipped)."""
     settings = Settings()
     embedder = None
@@ -81,18 +90,31 @@ async def clients(bootstrap: str, source: str, output: str, group: str, model: b
     await producer.start()
     await consumer.start()
     print("ready", flush=True)
+
+    async def publish(record: Any) -> None:
+        """The record's text embedded (in arrival order, on the model's thread), then a copy
+        published and its ack awaited: records run side by side, as in the worker."""
+        if embedder is not None:
+            text = parse_trace(record.value).embedding_text()
+            await asyncio.wrap_future(embedder.submit([text]))
+        source = [
+            ("kp-source-partition", str(record.partition).encode()),
+            ("kp-source-offset", str(record.offset).encode()),
+        ]
+        await (await producer.send(output, record.value, key=record.key, headers=source))
+
+    running: set[asyncio.Task[None]] = set()
     last_commit = time.monotonic()
     try:
         while True:
             batches = await consumer.getmany(timeout_ms=1000)
             for records in batches.values():
                 for record in records:
-                    if embedder is not None:
-                        text = parse_trace(record.value).embedding_text()
-                        await asyncio.wrap_future(embedder.submit([text]))
-                    await (await producer.send(output, record.value, key=record.key))
+                    task = asyncio.ensure_future(publish(record))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
             if time.monotonic() - last_commit >= COMMIT_SECONDS:
-                await consumer.commit()
+                await consumer.commit()  # the positions fetched: a bench needs no more
                 last_commit = time.monotonic()
     finally:
         await consumer.stop()
@@ -109,27 +131,49 @@ async def outputs_total(bootstrap: str, topics: list[str]) -> int:
         await consumer.stop()
 
 
-async def feed(bootstrap: str, topic: str, rate: float, count: int, seed: int) -> float:
-    """Send ``count`` records at Poisson arrivals of ``rate``; returns when they were sent."""
+async def feed(
+    bootstrap: str, topic: str, rate: float, count: int, seed: int
+) -> tuple[float, list[_worker.Sent]]:
+    """Send ``count`` records at Poisson arrivals of ``rate``: (when sending started, the
+    records sent)."""
     records = _corpus.corpus(count, f"floor-{uuid.uuid4().hex[:6]}")
     due = np.cumsum(np.random.default_rng(seed).exponential(1 / rate, size=count))
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks="all")
     await producer.start()
     try:
-        started = time.monotonic()
+        started, futures, times = time.monotonic(), [], []
         for record, at in zip(records, due - due[0], strict=True):
             await asyncio.sleep(max(0.0, started + at - time.monotonic()))
-            await producer.send(topic, record.value, key=record.key)
-        await producer.flush()
+            times.append(time.time())
+            futures.append(await producer.send(topic, record.value, key=record.key))
+        sent = [
+            _worker.Sent(m.partition, m.offset, t)
+            for m, t in zip(await asyncio.gather(*futures), times, strict=True)
+        ]
     finally:
         await producer.stop()
-    return started
+    return started, sent
+
+
+async def send_to_stamp(
+    bootstrap: str, topics: _worker.Topics, sent: list[_worker.Sent]
+) -> list[float]:
+    """Seconds from each record's sending to its output's timestamp (set by the subject's
+    producer when it sent the output; its ack not included)."""
+    collector = _worker.OutputCollector(bootstrap, topics)
+    await collector.start()
+    try:
+        outputs = await collector.wait_for([(s.partition, s.offset) for s in sent], timeout=60)
+    finally:
+        await collector.stop()
+    return [o.timestamp - s.sent_at for o, s in zip(outputs, sent, strict=True)]
 
 
 def start_subject(name: str, bootstrap: str, topics: _worker.Topics) -> tuple[object, int]:
     """The subject's process, started and ready; (handle, pid)."""
     if name.startswith("clients"):
-        output = next(iter(topics.outputs))
+        # the dead-letter topic, where an output names its source in headers, as the worker's do
+        output = next(t for t, decision in topics.outputs.items() if decision == "dead_letter")
         process = subprocess.Popen(
             [sys.executable, __file__, "--role", name, "--bootstrap", bootstrap,
              "--input", topics.input, "--output", output, "--group", f"{topics.prefix}-g"],
@@ -156,7 +200,9 @@ def stop_subject(handle: object) -> None:
         handle.cleanup()  # type: ignore[attr-defined]
 
 
-def phase(bootstrap: str, name: str, rate: float, count: int, seed: int, cpu: set[int]) -> dict:
+def phase(
+    bootstrap: str, name: str, rate: float, count: int, seed: int, cpu: set[int]
+) -> dict[str, Any]:
     topics = _worker.Topics(f"bench-floor-{uuid.uuid4().hex[:8]}")
     asyncio.run(_worker.create_topics(bootstrap, topics))
     with _machine.pinned(cpu):
@@ -164,7 +210,7 @@ def phase(bootstrap: str, name: str, rate: float, count: int, seed: int, cpu: se
     try:
         time.sleep(3.0)
         cpu_before, threads_before = _machine.cpu_seconds(pid), _machine.thread_schedstats(pid)
-        started = asyncio.run(feed(bootstrap, topics.input, rate, count, seed))
+        started, sent = asyncio.run(feed(bootstrap, topics.input, rate, count, seed))
         deadline = time.monotonic() + 120 + count / rate
         while asyncio.run(outputs_total(bootstrap, list(topics.outputs))) < count:
             if time.monotonic() > deadline:
@@ -177,7 +223,14 @@ def phase(bootstrap: str, name: str, rate: float, count: int, seed: int, cpu: se
         )
     finally:
         stop_subject(handle)
-    return {"ms": used * 1000 / count, "cores": used / wall, "threads": threads}
+    latency = asyncio.run(send_to_stamp(bootstrap, topics, sent))
+    return {
+        "ms": used * 1000 / count,
+        "cores": used / wall,
+        "threads": threads,
+        "sent": sent,
+        "latency": latency,
+    }
 
 
 def model_reference(cpu: set[int]) -> Callable[[int], float]:
@@ -223,6 +276,8 @@ def main() -> None:
     broker.start()
     try:
         for seed, rate in enumerate(float(r) for r in args.rates.split(",")):
+            with _machine.pinned(args.cpu):
+                engine = latency_under_load.measure_model(SIMULATED_TEXTS, repeats=3)
             for name in args.subjects.split(","):
                 before = model(MODEL_TEXTS)
                 result = phase(broker.bootstrap_servers, name, rate, args.records, seed, args.cpu)
@@ -231,6 +286,14 @@ def main() -> None:
                     f"{rate:5.1f}/s {name:13s} {result['ms']:6.2f} CPU ms a record, "
                     f"{result['ms'] / alone:.3f}x the model's {alone:.1f} (before and after), "
                     f"{result['cores']:.3f} cores; by thread: {result['threads']}",
+                    flush=True,
+                )
+                p50, p95, p99 = _metrics.percentiles(result["latency"])
+                simulated = latency_under_load.simulated_p99(engine, result["sent"])
+                print(
+                    f"{'':22s}send->stamp p50/p95/p99 {p50 * 1000:.1f} / {p95 * 1000:.1f} / "
+                    f"{p99 * 1000:.1f} ms; p99 / the model alone simulated on the same arrivals "
+                    f"({simulated * 1000:.1f} ms) = {p99 / simulated:.2f}",
                     flush=True,
                 )
     finally:
