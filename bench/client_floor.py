@@ -2,6 +2,7 @@
 without its model.
 
     python bench/client_floor.py [--rates 5.5,11] [--records 600] [--cpu 1] [--others-cpus 0]
+                                 [--subjects clients,no model,clients+model,worker]
 
 Apache Kafka (one node, started on loopback as the tests start it) and this process (the load
 generator) run on --others-cpus; each subject runs alone on --cpu, one after another, on its
@@ -12,8 +13,9 @@ at each of --rates records/s:
   (read_committed, the worker's fetch wait), and for each record a copy of its value
   published to an output topic (acks=all, idempotent, linger 0) and awaited, offsets
   committed every second: the least any aiokafka worker does per record;
-- ``clients+model``: the same, each record's text embedded before its value is published:
-  the least any aiokafka worker with this model does per record;
+- ``clients+model``: the same, each record's text embedded before its value is published,
+  records side by side as in the worker: the least any aiokafka worker with this model does
+  per record;
 - ``no model``: ``kp-scorer worker`` with a model file that does not load (novelty 0.5, no
   model runs): faust, the pipeline, the metrics and publishing, without the model;
 - ``worker``: ``kp-scorer worker`` as shipped.
