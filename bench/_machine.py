@@ -108,22 +108,24 @@ def thread_schedstats(pid: int | None) -> dict[int, tuple[float, float]]:
     return stats
 
 
+def thread_deltas(
+    before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]]
+) -> dict[int, tuple[float, float]]:
+    """Per thread of ``after``: (seconds on a core, seconds waiting for one) since ``before``
+    (a thread started meanwhile counts from 0)."""
+    return {
+        tid: (on - before.get(tid, (0.0, 0.0))[0], wait - before.get(tid, (0.0, 0.0))[1])
+        for tid, (on, wait) in after.items()
+    }
+
+
 def thread_lines(
     before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]], wall: float
 ) -> list[str]:
     """The busiest threads' share of the wall time on a core and waiting for one; the rest
     summed. A thread that waits for a core while another of the machine's processes or
     threads holds it is the cost of sharing the cores, not of the thread's own work."""
-    deltas = sorted(
-        (
-            (
-                after[tid][0] - before.get(tid, (0.0, 0.0))[0],
-                after[tid][1] - before.get(tid, (0.0, 0.0))[1],
-            )
-            for tid in after
-        ),
-        reverse=True,
-    )
+    deltas = sorted(thread_deltas(before, after).values(), reverse=True)
     if not deltas or wall <= 0:
         return []
     cores = os.cpu_count() or 1
@@ -146,8 +148,8 @@ def thread_ms_per_item(
     first, then the others by size: where a process's CPU a trace goes."""
     if not items:
         return ""
-    ms = {tid: (after[tid][0] - before.get(tid, (0.0, 0.0))[0]) * 1000 / items for tid in after}
-    main = ms.pop(main_tid, 0.0) if main_tid is not None else 0.0
+    ms = {tid: on * 1000 / items for tid, (on, _) in thread_deltas(before, after).items()}
+    main = ms.pop(main_tid, 0.0)
     busy = sorted((v for v in ms.values() if v >= 0.05), reverse=True)
     others = ", ".join(f"{v:.2f}" for v in busy)
     quiet = sum(v for v in ms.values() if v < 0.05)

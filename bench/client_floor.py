@@ -51,7 +51,6 @@ import _machine
 import _metrics
 import _worker
 import latency_under_load
-import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -123,52 +122,22 @@ async def clients(bootstrap: str, source: str, output: str, group: str, model: b
         await producer.stop()
 
 
-async def outputs_total(bootstrap: str, topics: list[str]) -> int:
+async def wait_outputs(bootstrap: str, topics: _worker.Topics, count: int, timeout: float) -> None:
+    """Until the output topics hold ``count`` records (their end offsets, four times a second:
+    the outputs themselves are read only after the phase, as in the latency bench)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await consumer.start()
     try:
-        partitions = [TopicPartition(t, p) for t in topics for p in range(_worker.PARTITIONS)]
-        return sum((await consumer.end_offsets(partitions)).values())
+        partitions = [
+            TopicPartition(t, p) for t in topics.outputs for p in range(_worker.PARTITIONS)
+        ]
+        deadline = time.monotonic() + timeout
+        while sum((await consumer.end_offsets(partitions)).values()) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{count} outputs expected in {timeout:.0f} s")
+            await asyncio.sleep(0.25)
     finally:
         await consumer.stop()
-
-
-async def feed(
-    bootstrap: str, topic: str, rate: float, count: int, seed: int
-) -> tuple[float, list[_worker.Sent]]:
-    """Send ``count`` records at Poisson arrivals of ``rate``: (when sending started, the
-    records sent)."""
-    records = _corpus.corpus(count, f"floor-{uuid.uuid4().hex[:6]}")
-    due = np.cumsum(np.random.default_rng(seed).exponential(1 / rate, size=count))
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks="all")
-    await producer.start()
-    try:
-        started, futures, times = time.monotonic(), [], []
-        for record, at in zip(records, due - due[0], strict=True):
-            await asyncio.sleep(max(0.0, started + at - time.monotonic()))
-            times.append(time.time())
-            futures.append(await producer.send(topic, record.value, key=record.key))
-        sent = [
-            _worker.Sent(m.partition, m.offset, t)
-            for m, t in zip(await asyncio.gather(*futures), times, strict=True)
-        ]
-    finally:
-        await producer.stop()
-    return started, sent
-
-
-async def send_to_stamp(
-    bootstrap: str, topics: _worker.Topics, sent: list[_worker.Sent]
-) -> list[float]:
-    """Seconds from each record's sending to its output's timestamp (set by the subject's
-    producer when it sent the output; its ack not included)."""
-    collector = _worker.OutputCollector(bootstrap, topics)
-    await collector.start()
-    try:
-        outputs = await collector.wait_for([(s.partition, s.offset) for s in sent], timeout=60)
-    finally:
-        await collector.stop()
-    return [o.timestamp - s.sent_at for o, s in zip(outputs, sent, strict=True)]
 
 
 def start_subject(name: str, bootstrap: str, topics: _worker.Topics) -> tuple[object, int]:
@@ -205,19 +174,21 @@ def stop_subject(handle: object) -> None:
 def phase(
     bootstrap: str, name: str, rate: float, count: int, seed: int, cpu: set[int]
 ) -> dict[str, Any]:
-    topics = _worker.Topics(f"bench-floor-{uuid.uuid4().hex[:8]}")
-    asyncio.run(_worker.create_topics(bootstrap, topics))
+    config = latency_under_load.Config(
+        name, {}, _worker.Topics(f"bench-floor-{uuid.uuid4().hex[:8]}")
+    )
+    asyncio.run(_worker.create_topics(bootstrap, config.topics))
+    records = _corpus.corpus(count, f"floor-{uuid.uuid4().hex[:6]}")
     with _machine.pinned(cpu):
-        handle, pid = start_subject(name, bootstrap, topics)
+        handle, pid = start_subject(name, bootstrap, config.topics)
     try:
         time.sleep(3.0)
         cpu_before, threads_before = _machine.cpu_seconds(pid), _machine.thread_schedstats(pid)
-        started, sent = asyncio.run(feed(bootstrap, topics.input, rate, count, seed))
-        deadline = time.monotonic() + 120 + count / rate
-        while asyncio.run(outputs_total(bootstrap, list(topics.outputs))) < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name}: not every record came out")
-            time.sleep(0.25)
+        started = time.monotonic()
+        sent, _ = asyncio.run(
+            latency_under_load.paced(bootstrap, config, records, rate, "poisson", seed)
+        )
+        asyncio.run(wait_outputs(bootstrap, config.topics, count, 120 + count / rate))
         wall = time.monotonic() - started
         used = _machine.cpu_seconds(pid) - cpu_before
         threads = _machine.thread_ms_per_item(
@@ -225,7 +196,8 @@ def phase(
         )
     finally:
         stop_subject(handle)
-    latency = asyncio.run(send_to_stamp(bootstrap, topics, sent))
+    outputs = asyncio.run(latency_under_load.read_outputs(bootstrap, config, sent))
+    latency = [o.timestamp - s.sent_at for o, s in zip(outputs, sent, strict=True)]
     return {
         "ms": used * 1000 / count,
         "cores": used / wall,
