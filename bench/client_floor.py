@@ -2,7 +2,7 @@
 without its model.
 
     python bench/client_floor.py [--rates 5.5,11] [--records 600] [--cpu 1] [--others-cpus 0]
-                                 [--subjects clients,no model,clients+model,worker]
+                                 [--subjects clients,no model,clients+model,worker,...]
 
 Apache Kafka (one node, started on loopback as the tests start it) and this process (the load
 generator) run on --others-cpus; each subject runs alone on --cpu, one after another, on its
@@ -16,6 +16,10 @@ at each of --rates records/s:
 - ``clients+model``: the same, each record's text embedded before its value is published,
   records side by side as in the worker: the least any aiokafka worker with this model does
   per record;
+- ``clients+pipeline``: the worker's own pipeline (``StreamScorer`` with the scorer, the
+  publisher and the cache store as ``kp-scorer worker`` builds them) fed by a bare aiokafka
+  consumer configured as ``clients``: the worker as it would run on these clients without
+  faust's consumer, stream and agent;
 - ``no model``: ``kp-scorer worker`` with a model file that does not load (novelty 0.5, no
   model runs): faust, the pipeline, the metrics and publishing, without the model;
 - ``worker``: ``kp-scorer worker`` as shipped.
@@ -51,13 +55,19 @@ import _machine
 import _metrics
 import _worker
 import latency_under_load
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.apache_kafka import ApacheKafka
 
+from worker.core.output import output_topics
+from worker.core.scorer import build_scorer
 from worker.core.trace import parse_trace
-from worker.settings import Settings
+from worker.io.kafka import PartitionLogReader, ensure_topics, source_record, stop_all
+from worker.io.publisher import Publisher
+from worker.settings import Settings, load_settings
+from worker.stream.observer import MetricsObserver
+from worker.stream.processor import StreamScorer
 
 COMMIT_SECONDS = 1.0  # the worker's KP_COMMIT_INTERVAL_SECONDS default
 MODEL_TEXTS = 50  # texts of each measurement of the model alone
@@ -122,6 +132,56 @@ async def clients(bootstrap: str, source: str, output: str, group: str, model: b
         await producer.stop()
 
 
+async def pipeline(bootstrap: str) -> None:
+    """The ``clients+pipeline`` subject: the worker's own pipeline as shipped (decode, embed,
+    novelty in offset order, score, publish each output with its cache entry, metrics) on the
+    worker's settings, fed by a bare aiokafka consumer instead of faust's: the worker as it
+    would run on these clients without faust. Offsets: the positions fetched, every second."""
+    settings = load_settings()
+    _, store = await ensure_topics(settings, list(output_topics(settings).values()))
+    observer = MetricsObserver(settings.latency_budget_seconds)
+    publisher = Publisher(settings, observer=observer, store=store)
+    reader = PartitionLogReader(settings, group_id=settings.group_id)
+    await publisher.start()
+    await reader.start()
+    stream = StreamScorer(
+        build_scorer(settings), reader, publisher, settings.max_in_flight_records,
+        observer=observer, store=store,
+    )  # fmt: skip
+
+    class Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
+        async def on_partitions_revoked(self, revoked: Any) -> None:
+            stream.partitions.forget([(tp.topic, tp.partition) for tp in revoked])
+
+        async def on_partitions_assigned(self, assigned: Any) -> None:
+            stream.assigned(sorted((tp.topic, tp.partition) for tp in assigned))
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=settings.group_id, enable_auto_commit=False,
+        auto_offset_reset="earliest", isolation_level="read_committed",
+        fetch_max_wait_ms=settings.fetch_max_wait_ms, fetch_max_bytes=settings.fetch_max_bytes,
+    )  # fmt: skip
+    consumer.subscribe([settings.input_topic], listener=Assigned())
+    await consumer.start()
+    print("ready", flush=True)
+    last_commit = time.monotonic()
+    try:
+        while True:
+            batches = await consumer.getmany(timeout_ms=1000)
+            for records in batches.values():
+                for record in records:
+                    await stream.submit(
+                        [source_record(record, record.timestamp)], [time.monotonic()], [None]
+                    )
+            if time.monotonic() - last_commit >= COMMIT_SECONDS:
+                await consumer.commit()
+                last_commit = time.monotonic()
+    finally:
+        await consumer.stop()
+        await stream.stop()
+        await stop_all(reader, publisher)
+
+
 async def wait_outputs(bootstrap: str, topics: _worker.Topics, count: int, timeout: float) -> None:
     """Until the output topics hold ``count`` records (their end offsets, four times a second:
     the outputs themselves are read only after the phase, as in the latency bench)."""
@@ -149,6 +209,7 @@ def start_subject(name: str, bootstrap: str, topics: _worker.Topics) -> tuple[ob
             [sys.executable, __file__, "--role", name, "--bootstrap", bootstrap,
              "--input", topics.input, "--output", output, "--group", f"{topics.prefix}-g"],
             stdout=subprocess.PIPE, text=True,
+            env={**os.environ, **topics.worker_env(), "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
         )  # fmt: skip
         assert process.stdout is not None
         if process.stdout.readline().strip() != "ready":
@@ -239,6 +300,9 @@ def main() -> None:
     for internal in ("--role", "--bootstrap", "--input", "--output", "--group"):
         parser.add_argument(internal, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.role == "clients+pipeline":
+        asyncio.run(pipeline(args.bootstrap))
+        return
     if args.role is not None:
         model = args.role == "clients+model"
         asyncio.run(clients(args.bootstrap, args.input, args.output, args.group, model))
