@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,34 @@ MODEL_TEXTS = 50  # texts of each measurement of the model alone
 SIMULATED_TEXTS = 50  # the example texts the model alone is simulated with (record i: text i % 50)
 
 
+def floor_consumer(bootstrap: str, group: str, settings: Settings) -> AIOKafkaConsumer:
+    """A group consumer configured as the worker's (read_committed, its fetch wait and size),
+    which commits only when told."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        fetch_max_bytes=settings.fetch_max_bytes,
+    )
+
+
+async def consume(consumer: AIOKafkaConsumer, take: Callable[[Any], Awaitable[None]]) -> None:
+    """Hand each record fetched to ``take``, and commit the positions fetched every second (a
+    bench needs no more), until cancelled."""
+    last_commit = time.monotonic()
+    while True:
+        batches = await consumer.getmany(timeout_ms=1000)
+        for records in batches.values():
+            for record in records:
+                await take(record)
+        if time.monotonic() - last_commit >= COMMIT_SECONDS:
+            await consumer.commit()
+            last_commit = time.monotonic()
+
+
 async def clients(bootstrap: str, source: str, output: str, group: str, model: bool) -> None:
     """The ``clients`` subject: consume, publish each value and await its ack, commit; with
     ``model``, each record's text is embedded first (the model as shipped)."""
@@ -86,16 +114,8 @@ async def clients(bootstrap: str, source: str, output: str, group: str, model: b
         embedder, why = load_embedder(EmbedderConfig.from_settings(settings))
         if embedder is None:
             raise SystemExit(f"the model did not load: {why}")
-    consumer = AIOKafkaConsumer(
-        source,
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
-        fetch_max_bytes=settings.fetch_max_bytes,
-    )
+    consumer = floor_consumer(bootstrap, group, settings)
+    consumer.subscribe([source])
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0
     )
@@ -116,18 +136,14 @@ async def clients(bootstrap: str, source: str, output: str, group: str, model: b
         await (await producer.send(output, record.value, key=record.key, headers=source))
 
     running: set[asyncio.Task[None]] = set()
-    last_commit = time.monotonic()
+
+    async def take(record: Any) -> None:
+        task = asyncio.ensure_future(publish(record))
+        running.add(task)
+        task.add_done_callback(running.discard)
+
     try:
-        while True:
-            batches = await consumer.getmany(timeout_ms=1000)
-            for records in batches.values():
-                for record in records:
-                    task = asyncio.ensure_future(publish(record))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-            if time.monotonic() - last_commit >= COMMIT_SECONDS:
-                await consumer.commit()  # the positions fetched: a bench needs no more
-                last_commit = time.monotonic()
+        await consume(consumer, take)
     finally:
         await consumer.stop()
         await producer.stop()
@@ -157,26 +173,16 @@ async def pipeline(bootstrap: str) -> None:
         async def on_partitions_assigned(self, assigned: Any) -> None:
             stream.assigned(sorted((tp.topic, tp.partition) for tp in assigned))
 
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=settings.group_id, enable_auto_commit=False,
-        auto_offset_reset="earliest", isolation_level="read_committed",
-        fetch_max_wait_ms=settings.fetch_max_wait_ms, fetch_max_bytes=settings.fetch_max_bytes,
-    )  # fmt: skip
+    consumer = floor_consumer(bootstrap, settings.group_id, settings)
     consumer.subscribe([settings.input_topic], listener=Assigned())
     await consumer.start()
     print("ready", flush=True)
-    last_commit = time.monotonic()
+
+    async def take(record: Any) -> None:
+        await stream.submit([source_record(record, record.timestamp)], [time.monotonic()], [None])
+
     try:
-        while True:
-            batches = await consumer.getmany(timeout_ms=1000)
-            for records in batches.values():
-                for record in records:
-                    await stream.submit(
-                        [source_record(record, record.timestamp)], [time.monotonic()], [None]
-                    )
-            if time.monotonic() - last_commit >= COMMIT_SECONDS:
-                await consumer.commit()
-                last_commit = time.monotonic()
+        await consume(consumer, take)
     finally:
         await consumer.stop()
         await stream.stop()
