@@ -262,11 +262,8 @@ def phase(
         threads_after = _machine.thread_schedstats(pid)
         threads = _machine.thread_ms_per_item(threads_before, threads_after, pid, count)
         # the busiest thread but the event loop: the model's, in a subject that runs it
-        busiest = max(
-            (on for tid, (on, _) in _machine.thread_deltas(threads_before, threads_after).items()
-             if tid != pid),
-            default=0.0,
-        )  # fmt: skip
+        deltas = _machine.thread_deltas(threads_before, threads_after)
+        busiest = max((on for tid, (on, _) in deltas.items() if tid != pid), default=0.0)
     finally:
         stop_subject(handle)
     outputs = asyncio.run(latency_under_load.read_outputs(bootstrap, config, sent))
