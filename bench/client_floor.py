@@ -18,10 +18,11 @@ at each of --rates records/s:
   per record;
 - ``clients+pipeline``: the worker's own pipeline (``StreamScorer`` with the scorer, the
   publisher and the cache store as ``kp-scorer worker`` builds them) fed by a bare aiokafka
-  consumer configured as ``clients``: the worker as it would run on these clients without
-  faust's consumer, stream and agent;
+  consumer configured as ``clients``: the worker's pipeline without its group consumer
+  (acknowledgements, commits of published records only) and the rest of its process;
 - ``no model``: ``kp-scorer worker`` with a model file that does not load (novelty 0.5, no
-  model runs): faust, the pipeline, the metrics and publishing, without the model;
+  model runs): the process, its group consumer, the pipeline, the metrics and publishing,
+  without the model;
 - ``worker``: ``kp-scorer worker`` as shipped.
 
 Per subject and rate: its CPU ms a record (utime + stime over the phase, from sending the
@@ -29,7 +30,7 @@ first record to the last output's arrival), each thread's, and that against the 
 CPU a text alone (the embedder as shipped in this process, one text at a time, on --cpu,
 the mean of a measurement just before and one just after the phase). The worker's target
 is 1.1x the model's: ``clients+model`` shows how close to the model alone any worker on
-these clients can come, and ``no model`` what faust and the pipeline add to the clients.
+these clients can come, and ``no model`` what the worker adds to the clients.
 
 And per phase, from each record's sending to its output's timestamp (set by the subject's
 producer as it sends the output): p50/p95/p99, and p99 against the model alone simulated on
@@ -152,8 +153,8 @@ async def clients(bootstrap: str, source: str, output: str, group: str, model: b
 async def pipeline(bootstrap: str) -> None:
     """The ``clients+pipeline`` subject: the worker's own pipeline as shipped (decode, embed,
     novelty in offset order, score, publish each output with its cache entry, metrics) on the
-    worker's settings, fed by a bare aiokafka consumer instead of faust's: the worker as it
-    would run on these clients without faust. Offsets: the positions fetched, every second."""
+    worker's settings, fed by a bare aiokafka consumer instead of the worker's group consumer.
+    Offsets: the positions fetched, every second."""
     settings = load_settings()
     _, store = await ensure_topics(settings, list(output_topics(settings).values()))
     observer = MetricsObserver(settings.latency_budget_seconds)
@@ -179,7 +180,7 @@ async def pipeline(bootstrap: str) -> None:
     print("ready", flush=True)
 
     async def take(record: Any) -> None:
-        await stream.submit([source_record(record, record.timestamp)], [time.monotonic()], [None])
+        await stream.submit([source_record(record)], [time.monotonic()], [None])
 
     try:
         await consume(consumer, take)

@@ -43,9 +43,11 @@ MEANINGS: dict[str, str] = {
         "the embedded one does for several partitions (`kp-scorer demo` does)"
     ),
     "fetch_buffer_records": (
-        "records taken from the broker and waiting for the pipeline; above 80 % of it a partition"
-        " is no longer fetched until they fall to 40 % (`kp_fetch_paused_partitions`): a backlog "
-        "is read as fast as it is scored, neither held whole in memory nor polled for more"
+        "most records the consumer takes from the Kafka client at once; it hands them to the "
+        "pipeline one by one, waiting while `KP_MAX_IN_FLIGHT_RECORDS` are in it "
+        "(`kp_fetch_paused_partitions` counts the partitions whose records wait), and the client "
+        "holds at most one more fetched answer a partition: a backlog is read as fast as it is "
+        "scored, neither held whole in memory nor polled for more"
     ),
     "session_timeout_seconds": (
         "consumer group session timeout: a worker that stops heartbeating loses its partitions "
@@ -90,7 +92,7 @@ MEANINGS: dict[str, str] = {
         "storage costs more than CPU. The worker reads all four codecs whatever this says"
     ),
     "security_protocol": (
-        "security of every Kafka client the worker opens (the Faust consumer, the publisher and "
+        "security of every Kafka client the worker opens (the group consumer, the publisher and "
         "the log reader)"
     ),
     "sasl_mechanism": (

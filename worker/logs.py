@@ -177,8 +177,8 @@ class LibraryDebugFilter(logging.Filter):
         return record.levelno >= logging.INFO or _within(record.name, (OWN_LOGGER,))
 
 
-# What mode's services (faust's app, worker, consumer, agents, ...) prefix to every line they
-# log: "[^--Consumer]: Stopping...".
+# What mode's services (faust's app, worker, ...) prefix to every line they log:
+# "[^-ScorerApp]: Stopping...".
 _SERVICE_LINE = re.compile(r"^\[\^-*.*?\]: ")
 # faust's own INFO lines that narrate its internals, with no service prefix.
 _FAUST_NARRATION = ("Executing _on_partitions_assigned", "generation id ")
@@ -187,9 +187,9 @@ _FAUST_NARRATION = ("Executing _on_partitions_assigned", "generation id ")
 class ServiceChatterFilter(logging.Filter):
     """Demotes to DEBUG the INFO lines in which faust's services narrate their life cycle.
 
-    A clean start and stop would otherwise write some 40 lines of "[^--Fetcher]: Starting..."
-    and "Stopping..." around the worker's own few; an operator reads "scorer ready",
-    "shutting down" and "stopped" instead. Warnings and errors are never touched; with
+    A clean start and stop would otherwise write "[^-ScorerApp]: Starting...", "Stopping..."
+    and the like around the worker's own few; an operator reads "scorer ready", "shutting
+    down" and "stopped" instead. Warnings and errors are never touched; with
     ``KP_LOG_LEVEL=DEBUG`` the demoted lines are still written, at DEBUG.
     """
 

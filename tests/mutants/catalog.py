@@ -14,6 +14,7 @@ from dataclasses import dataclass
 AT_LEAST_ONCE_UNIT = "tests/unit/stream/test_at_least_once.py"
 AT_LEAST_ONCE_BROKER = "tests/chaos/test_at_least_once_broker.py"
 CACHE_STORE_UNIT = "tests/unit/stream/test_cache_store.py"
+GROUP_CONSUMER_UNIT = "tests/unit/io/test_group_consumer.py"
 CACHE_BOUNDARIES = (
     "tests/unit/core/test_cache.py::"
     "test_a_batch_sees_stored_entries_up_to_their_ttl_and_capacity_boundaries"
@@ -103,12 +104,20 @@ MUTANTS: tuple[Mutant, ...] = (
         name="consumer-acknowledges-on-receipt",
         promise="An input offset is acknowledged (and committed) only after the broker "
         "acknowledged its output",
-        path="worker/io/app.py",
-        old="manual = stream.noack()",
-        new="manual = stream",
-        tests=(BROKER_KILL,),
-        why="lets faust acknowledge each record as the next one is taken, before its "
-        "output is published",
+        path="worker/io/group_consumer.py",
+        old="""\
+            acknowledge = self.acknowledgements.delivered(tp, record.offset)
+""",
+        new="""\
+            acknowledge = self.acknowledgements.delivered(tp, record.offset)
+            await acknowledge()
+""",
+        tests=(
+            f"{GROUP_CONSUMER_UNIT}::test_a_record_is_committed_only_once_its_output_is_published",
+            BROKER_KILL,
+        ),
+        why="acknowledges each record as the consumer hands it over, before its output is "
+        "published",
     ),
     Mutant(
         name="abandoned-records-acknowledged",
@@ -154,7 +163,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="if last is not None and offset < last:",
         new="if last is not None and offset < 0:",
         tests=(
-            "tests/unit/io/test_library_overrides.py::"
+            f"{GROUP_CONSUMER_UNIT}::"
             "test_a_commit_that_would_go_backwards_never_reaches_the_broker",
         ),
         why="lets the consumer commit an offset below its last commit, so records already "
@@ -520,10 +529,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="aborted-transactions-scored",
         promise="A producer's aborted transactions are never scored",
-        path="worker/io/library_overrides.py",
-        old='        consumer._isolation_level = "read_committed"\n',
-        new='        consumer._isolation_level = "read_uncommitted"\n',
+        path="worker/io/group_consumer.py",
+        old='        "isolation_level": "read_committed",\n',
+        new='        "isolation_level": "read_uncommitted",\n',
         tests=(
+            f"{GROUP_CONSUMER_UNIT}::test_the_consumer_reads_committed_records_as_the_settings_say",
             "tests/unit/io/test_fetch_bounds.py::test_every_consumer_bounds_a_whole_fetch",
             "tests/broker/test_transactional_producers.py",
         ),
@@ -571,10 +581,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="added-partitions-seen-after-minutes",
         promise="Partitions added to the input topic are scored within 30 s",
-        path="worker/io/app.py",
+        path="worker/io/group_consumer.py",
         old="METADATA_MAX_AGE_SECONDS = 10\n",
         new="METADATA_MAX_AGE_SECONDS = 300\n",
         tests=(
+            f"{GROUP_CONSUMER_UNIT}::test_the_consumer_reads_committed_records_as_the_settings_say",
             "tests/broker/test_input_log_changes.py::"
             "test_a_partition_added_while_the_worker_runs_is_scored_in_time",
         ),
@@ -612,17 +623,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="offsets-committed-outside-the-transaction",
         promise="Exactly-once: nothing commits input offsets but the partitions' transactions",
-        path="worker/io/library_overrides.py",
+        path="worker/io/group_consumer.py",
         old="""\
-                return False
-            landed = True
-""",
+                self.stream.checkpoint.committed(offsets)
+                return True
+            assigned = """,
         new="""\
-                return False
-            landed = bool(await super()._commit(offsets))
-""",
+                self.stream.checkpoint.committed(offsets)
+            assigned = """,
         tests=(
-            "tests/unit/io/test_library_overrides.py::"
+            f"{GROUP_CONSUMER_UNIT}::"
             "test_exactly_once_commits_offsets_only_in_the_partitions_transactions",
         ),
         why="the consumer also commits acknowledged offsets itself, whether or not the "
@@ -632,19 +642,27 @@ MUTANTS: tuple[Mutant, ...] = (
         name="producers-started-after-the-offset-read",
         promise="Exactly-once: a partition's previous owner is fenced before its committed "
         "offset is read",
-        path="worker/io/library_overrides.py",
+        path="worker/io/group_consumer.py",
         old="""\
-        if transactions is not None:
-            await transactions.fence((tp.topic, tp.partition) for tp in self.assignment())
-        await super().perform_seek()
+                await self.transactions.fence(now_assigned)
+                for tp in sorted(assigned):
+                    committed = await consumer.committed(tp)
+                    if committed is None:
+                        await consumer.seek_to_beginning(tp)
+                    else:
+                        consumer.seek(tp, committed)
 """,
         new="""\
-        await super().perform_seek()
-        if transactions is not None:
-            await transactions.fence((tp.topic, tp.partition) for tp in self.assignment())
+                for tp in sorted(assigned):
+                    committed = await consumer.committed(tp)
+                    if committed is None:
+                        await consumer.seek_to_beginning(tp)
+                    else:
+                        consumer.seek(tp, committed)
+                await self.transactions.fence(now_assigned)
 """,
         tests=(
-            "tests/unit/io/test_library_overrides.py::"
+            f"{GROUP_CONSUMER_UNIT}::"
             "test_exactly_once_fences_the_previous_owners_before_reading_committed_offsets",
         ),
         why="the new owner reads the committed offset while the previous owner may still "

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shutil
@@ -451,20 +450,17 @@ def test_sasl_ssl_settings_reach_the_kafka_clients() -> None:
     assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
     assert context.cert_store_stats()["x509_ca"] > 0, "the CA file was loaded"
 
-    # Faust's own consumer and producer get the same, through broker_credentials.
-    from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+    # The group consumer gets the same.
+    from worker.io.group_consumer import group_consumer_config
 
-    from worker.io.app import create_app
-
-    auth = credentials_to_aiokafka_auth(create_app(settings).conf.broker_credentials)
-    assert auth["security_protocol"] == "SASL_SSL"
-    assert auth["sasl_mechanism"] == "SCRAM-SHA-512"
-    assert auth["sasl_plain_username"] == "alice"
-    assert auth["sasl_plain_password"] == PASSWORD
-    assert isinstance(auth["ssl_context"], ssl.SSLContext)
+    group = group_consumer_config(settings)
+    assert isinstance(group.pop("ssl_context"), ssl.SSLContext)
+    assert {key: group[key] for key in config if key != "ssl_context"} == {
+        key: value for key, value in config.items() if key != "ssl_context"
+    }
     print(
-        f"\nSASL_SSL: client_config keys {sorted(config)}; faust auth "
-        f"{sorted(auth)}; CA certificates loaded: {context.cert_store_stats()['x509_ca']}"
+        f"\nSASL_SSL: client_config keys {sorted(config)}; "
+        f"CA certificates loaded: {context.cert_store_stats()['x509_ca']}"
     )
 
 
@@ -492,12 +488,9 @@ def test_ssl_with_client_certificate(client_cert: tuple[Path, Path]) -> None:
     assert isinstance(config["ssl_context"], ssl.SSLContext)
     assert not any(k.startswith("sasl") for k in config)
 
-    from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+    from worker.io.group_consumer import group_consumer_config
 
-    from worker.io.app import create_app
-
-    credentials = create_app(settings).conf.broker_credentials
-    assert credentials_to_aiokafka_auth(credentials)["security_protocol"] == "SSL"
+    assert group_consumer_config(settings)["security_protocol"] == "SSL"
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -584,21 +577,6 @@ def test_settings_command_masks_the_password() -> None:
 
 
 # -- settings that reach faust ----------------------------------------------------------------
-
-
-def test_fetch_wait_setting_reaches_the_group_consumer() -> None:
-    """faust builds its group consumer with a fixed 1.5 s fetch wait; ours takes the setting."""
-    from worker.io.app import create_app
-
-    async def build() -> int:
-        app = create_app(load_settings(fetch_max_wait_ms=7))
-        consumer = app.consumer._new_consumer_thread()._create_worker_consumer(app.transport)
-        try:
-            return consumer._fetch_max_wait_ms
-        finally:
-            await consumer.stop()
-
-    assert asyncio.run(build()) == 7
 
 
 @pytest.mark.parametrize("level", ["DEBUG", "INFO", "WARNING", "ERROR"])

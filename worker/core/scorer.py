@@ -1,7 +1,8 @@
 """A batch of source records -> routed outputs (accepted / rejected / dead-letter). No Kafka.
 
-Data flows one way: bytes -> trace -> embedding -> novelty -> score -> route. The Faust agent,
-the replay tool and the offline scorer all call ``Scorer.score_batch``; only what they read
+Data flows one way: bytes -> trace -> embedding -> novelty -> score -> route. The stream
+pipeline (the worker's and replay's) calls its steps one record at a time (``prepare``,
+``finish``), the offline scorer and the Python API ``Scorer.score_batch``; only what they read
 from and write to differs.
 """
 

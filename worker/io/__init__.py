@@ -1,1 +1,2 @@
-"""Kafka: clients, topics, the Faust app. The only package that talks to a broker."""
+"""Kafka: clients, topics, the group consumer, the Faust app. The only package that talks to a
+broker."""

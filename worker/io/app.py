@@ -1,9 +1,10 @@
-"""The Faust app: the input topic, one scoring agent, assignment hooks. A thin shell.
+"""The Faust app: the worker's life cycle around its pipeline. A thin shell.
 
-The agent takes records one at a time as they arrive (``noack`` stream) and hands each to
-the StreamScorer; a record is acknowledged to Faust only after the broker acknowledged its
-output, so a crash or SIGTERM commits nothing that was not published.
-``faust -A worker.io.app worker`` and ``kp-scorer worker`` both run it.
+faust runs the process (``kp-scorer worker``: its command line, signals, services); the input
+topic is consumed by :class:`~worker.io.group_consumer.GroupConsumer`, aiokafka's own group
+consumer, which hands each record to the StreamScorer as it arrives. A record is acknowledged
+only after the broker acknowledged its output, so a crash or SIGTERM commits nothing that was
+not published. ``faust -A worker.io.app worker`` and ``kp-scorer worker`` both run it.
 """
 
 from __future__ import annotations
@@ -18,30 +19,21 @@ import signal
 import socket
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import faust
 from aiokafka.errors import KafkaConnectionError, KafkaError
-from faust.types import TP, TransportT
 
 from worker.core.cache_store import StoreTopic
 from worker.core.failures import FailurePolicy
 from worker.core.output import output_topics
 from worker.core.scorer import build_scorer
-from worker.io import http, library_overrides
+from worker.io import http
 from worker.io.access import connection_refusal, topic_refusal
-from worker.io.kafka import (
-    PartitionLogReader,
-    TopicNotAuthorized,
-    client_config,
-    ensure_topics,
-    source_record,
-    stop_all,
-)
-from worker.io.library_overrides import ScorerConsumer, ScorerTransport
+from worker.io.group_consumer import GroupConsumer
+from worker.io.kafka import PartitionLogReader, TopicNotAuthorized, ensure_topics, stop_all
 from worker.io.publisher import Publisher
 from worker.io.shutdown import EXIT_DEADLINE, ShutdownDeadline
 from worker.io.transactions import TransactionalPublisher
@@ -61,29 +53,9 @@ STARTUP_BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
 # The connectivity probe (metadata, the owned partitions' end offsets): this often, this long.
 PROBE_INTERVAL_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 3.0
-# faust's default request timeout of the group consumer; a longer session timeout raises it.
-GROUP_REQUEST_TIMEOUT_SECONDS = 90.0
 # How often freed heap memory goes back to the system: with 16 full caches after a 20,000-trace
 # backlog, median 353 MB (9 runs) against 378 without (12), same speed (bench/live_memory.py).
 MEMORY_TRIM_SECONDS = 1.0
-# How old the group consumer's view of the input topic may grow: partitions added to the topic,
-# or the topic recreated, are seen within this long and taken in the rebalance that follows
-# (faust's default is 5 min). One small metadata request per worker each time.
-METADATA_MAX_AGE_SECONDS = 10
-
-
-def _credentials(settings: Settings) -> Any:
-    if settings.security_protocol == "PLAINTEXT":
-        return None
-    config = client_config(settings)
-    if settings.security_protocol.startswith("SASL"):
-        return faust.SASLCredentials(
-            username=config["sasl_plain_username"],
-            password=config["sasl_plain_password"],
-            ssl_context=config.get("ssl_context"),
-            mechanism=config["sasl_mechanism"],
-        )
-    return faust.SSLCredentials(config["ssl_context"])
 
 
 class ScorerWorker(faust.Worker):
@@ -136,7 +108,12 @@ def _signal_ignored(signum: signal.Signals) -> None:
 
 
 class ScorerApp(faust.App):
-    """faust.App that prepares topics and owns the scorer's Kafka clients."""
+    """faust.App that prepares topics and owns the scorer's Kafka clients: faust's own consumer
+    and producer are never started (the worker's are :class:`GroupConsumer` and
+    :class:`Publisher`)."""
+
+    class BootStrategy(faust.app.BootStrategy):
+        enable_kafka = False
 
     def __init__(self, settings: Settings, metrics_listener: socket.socket | None = None) -> None:
         self.scorer_settings = settings
@@ -146,32 +123,7 @@ class ScorerApp(faust.App):
         super().__init__(
             settings.group_id,
             broker=[f"kafka://{s.strip()}" for s in settings.kafka_bootstrap_servers.split(",")],
-            broker_credentials=_credentials(settings),
-            key_serializer="raw",
-            value_serializer="raw",
-            broker_session_timeout=settings.session_timeout_seconds,
-            # faust refuses a session timeout above its request timeout (a request held by
-            # the group coordinator must not time out first); Kafka allows up to 30 min.
-            broker_request_timeout=max(
-                GROUP_REQUEST_TIMEOUT_SECONDS, settings.session_timeout_seconds
-            ),
-            broker_heartbeat_interval=settings.heartbeat_interval_seconds,
-            broker_commit_interval=settings.commit_interval_seconds,
-            broker_max_poll_records=500,
-            consumer_auto_offset_reset="earliest",
-            consumer_max_fetch_size=settings.fetch_max_bytes,
-            consumer_metadata_max_age_ms=METADATA_MAX_AGE_SECONDS * 1000,
-            producer_acks=-1,
-            # The worker publishes through its own Publisher; should faust ever publish
-            # (e.g. a table's changelog), it uses the same codec.
-            producer_compression_type=settings.producer_compression,
-            processing_guarantee="at_least_once",
-            stream_wait_empty=False,
-            stream_buffer_maxsize=settings.fetch_buffer_records,
-            topic_disable_leader=True,
-            topic_allow_declare=False,
             web_enabled=False,
-            store="memory://",
             datadir=_data_directory(settings.group_id),
             logging_config=logging_config(settings.log_level, settings.log_repeat_interval_seconds),
             Worker=ScorerWorker,
@@ -190,9 +142,7 @@ class ScorerApp(faust.App):
         self._reader: PartitionLogReader | None = None
         self._http: http.OpsServer | None = None
         self._periodic: list[asyncio.Future[None]] = []
-
-    def _new_transport(self) -> TransportT:
-        return ScorerTransport(self.conf.broker_consumer, self, loop=self.loop)
+        self.group: GroupConsumer | None = None
 
     async def on_first_start(self) -> None:
         await super().on_first_start()
@@ -204,13 +154,11 @@ class ScorerApp(faust.App):
             self._http = http.OpsServer(self.metrics_listener, observer.health).start()
         else:
             self._http = http.serve(settings.metrics_port, observer.health)
-        # From the start: faust's timers (the probe's) run only once the group assigned
-        # partitions. The loop's tick is /healthz's; freed memory is returned off the loop.
+        # The loop's tick is /healthz's; freed memory is returned off the loop.
         trim = functools.partial(asyncio.to_thread, release_freed_memory)
         self._periodic = [
             asyncio.ensure_future(every(observer.health.tick_seconds, observer.health.loop_ticked)),
             asyncio.ensure_future(every(MEMORY_TRIM_SECONDS, trim)),
-            asyncio.ensure_future(every(PROBE_INTERVAL_SECONDS, self._take_refusal)),
         ]
         observer.configured_thresholds(settings.accept_threshold, settings.domain_thresholds)
         store = await _wait_for_kafka(settings, observer, self.failures)
@@ -238,10 +186,11 @@ class ScorerApp(faust.App):
             timing_header=settings.timing_header,
             store=store,
         )
-        # A partition whose log started over is committed anew in faust's bookkeeping too.
-        consumer: ScorerConsumer = self.consumer  # type: ignore[assignment]
-        self.stream_scorer.checkpoint.consumer_forget_offsets = consumer.forget_offsets
-        self.stream_scorer.partitions.hold_fetching = consumer.hold_fetching
+        self.group = GroupConsumer(
+            settings, self.stream_scorer, observer, self._scoring_failed, self.transactions
+        )
+        await self.group.start()
+        self._periodic.append(asyncio.ensure_future(every(PROBE_INTERVAL_SECONDS, self._probe)))
         observer.embedder_loaded(scorer.model_id, scorer.embedder_reason)
         log.info(
             "scorer ready",
@@ -255,11 +204,17 @@ class ScorerApp(faust.App):
             },
         )
 
-    def _take_refusal(self) -> None:
-        """What the group consumer was refused (the group's Read): aiokafka holds it for a
-        caller that faust's fetch is not (ScorerConsumerThread)."""
-        if isinstance(self._consumer, library_overrides.ScorerConsumer):
-            self._consumer.take_refusal()
+    async def _probe(self) -> None:
+        """Connectivity for logs and metrics, also while no records arrive."""
+        assert self.stream_scorer is not None and self._reader is not None
+        try:
+            held = self.stream_scorer.partitions.held()
+            ends = await self._reader.probe(held, PROBE_TIMEOUT_SECONDS)
+        except (TimeoutError, KafkaError, OSError) as exc:
+            self.failures.consumer_failed(exc)
+        else:
+            self.observer.broker.fetched()
+            self.observer.lag.log_ends(ends)
 
     def _scoring_failed(self, exc: BaseException) -> None:
         """A record could not be scored or published: exit rather than idle with a gap (the
@@ -267,14 +222,18 @@ class ScorerApp(faust.App):
         self.loop.create_task(self.crash(exc))
 
     async def on_stop(self) -> None:
-        # Before faust stops the consumer (whose last commit covers only acknowledged
-        # records): finish what is in the pipeline, so that no record is published after that
-        # commit and delivered again to the next worker.
+        # Before the consumer's last commit (which covers only acknowledged records): finish
+        # what is in the pipeline, so that no record is published after that commit and
+        # delivered again to the next worker.
         self.observer.health.stopping()
+        if self.group is not None:
+            await self.group.stop_fetching()
         if self.stream_scorer is not None:
             await self.stream_scorer.close(
                 drain_seconds(self.scorer_settings.shutdown_timeout_seconds)
             )
+        if self.group is not None:
+            await self.group.stop()
         await super().on_stop()
 
     async def on_shutdown(self) -> None:
@@ -368,69 +327,6 @@ def create_app(
 ) -> ScorerApp:
     settings = settings or load_settings()
     app = ScorerApp(settings, metrics_listener)
-    input_topic = app.topic(settings.input_topic, key_type=bytes, value_type=bytes)
-
-    @app.agent(input_topic, name="score", concurrency=1)
-    async def score(stream: faust.StreamT) -> None:
-        # Records one at a time, as soon as each arrives: the scorer runs several side by
-        # side and each is acknowledged after its own output is published.
-        # faust's StreamT protocol lacks noack(), which every Stream has.
-        manual = stream.noack()  # type: ignore[attr-defined]
-        async for event in manual.events():
-            assert app.stream_scorer is not None
-            message = event.message
-            app.observer.broker.fetched()
-            tp = (message.topic, message.partition)
-            if app.transactions is not None and not app.transactions.owns(tp):
-                continue  # fenced by the partition's new owner: its records are not ours
-            await app.stream_scorer.submit(
-                [source_record(message)],  # the record's own milliseconds, not faust's float
-                [message.time_in or time.monotonic()],
-                [functools.partial(manual.ack, event)],
-            )
-            # The partition may have been revoked while the record waited (aiokafka asserts).
-            if message.tp not in app.consumer.assignment():
-                continue
-            highwater = app.consumer.highwater(message.tp)
-            if highwater is not None:
-                app.observer.lag.log_ends({tp: highwater})
-
-    async def on_assigned(sender: Any, assigned: set[TP], **_: Any) -> None:
-        now_assigned = sorted((tp.topic, tp.partition) for tp in assigned)
-        if app.stream_scorer is not None:
-            app.stream_scorer.assigned(now_assigned)
-        app.observer.permissions.granted(Refusal("Read", "group", settings.group_id))
-        log.info("partitions assigned", extra={"partitions": now_assigned})
-
-    async def on_revoked(sender: Any, revoked: set[TP], **_: Any) -> None:
-        # Exactly-once: what the revoked partitions published is committed, so that their next
-        # owner starts after it; what comes after is aborted, so even a partition this worker
-        # gets back starts again at its committed offset, its cache rebuilt (chaos test).
-        if app.transactions is not None and app.stream_scorer is not None:
-            await app.transactions.commit()
-            released = [(tp.topic, tp.partition) for tp in revoked]
-            app.stream_scorer.partitions.forget(released)
-            await app.transactions.release(released)
-
-    # faust types a receiver as taking a keyword ``signal``; ours takes it in ``**_``.
-    app.on_partitions_assigned.connect(on_assigned)  # type: ignore[arg-type]
-    app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
-
-    @app.timer(PROBE_INTERVAL_SECONDS)
-    async def probe_broker() -> None:
-        """Connectivity for logs and metrics, also while no records arrive."""
-        if app.stream_scorer is None or app._reader is None:
-            return
-        observer = app.observer
-        try:
-            held = app.stream_scorer.partitions.held()
-            ends = await app._reader.probe(held, PROBE_TIMEOUT_SECONDS)
-        except (TimeoutError, KafkaError, OSError) as exc:
-            app.failures.consumer_failed(exc)
-        else:
-            observer.broker.fetched()
-            observer.lag.log_ends(ends)
-
     return app
 
 

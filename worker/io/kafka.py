@@ -1,8 +1,8 @@
 """Kafka clients the worker, replay and demo share: config, topics, log reading (publishing
 is ``worker.io.publisher``).
 
-Written against the Apache Kafka protocol only. Faust owns the consumer group; these clients
-read ranges of a partition by direct assignment (no group).
+Written against the Apache Kafka protocol only. ``worker.io.group_consumer`` owns the consumer
+group; these clients read ranges of a partition by direct assignment (no group).
 """
 
 from __future__ import annotations
@@ -214,18 +214,12 @@ async def _create(admin: AIOKafkaAdminClient, topics: list[NewTopic]) -> None:
 NO_TIMESTAMP = -1
 
 
-def source_record(message: Any, timestamp_ms: int | None = None) -> SourceRecord:
-    """A consumed record (aiokafka's or faust's) as the scorer takes it. A header value may be
-    null on the wire: it stays null, not empty bytes, on every output that keeps it.
-
-    Its timestamp is the record's integer milliseconds, exact over int64: the ``timestamp_ms``
-    a message from the scorer's faust consumer carries (``ScorerConsumer._to_message``; faust's
-    ``timestamp`` is seconds in a float) wins over the ``timestamp_ms`` given, which is for a
-    message without one (aiokafka's record: pass its ``timestamp``)."""
-    milliseconds = getattr(message, "timestamp_ms", timestamp_ms)
+def source_record(message: Any) -> SourceRecord:
+    """A consumed aiokafka record as the scorer takes it. A header value may be null on the
+    wire: it stays null, not empty bytes, on every output that keeps it. Its timestamp is the
+    record's integer milliseconds, exact over int64 (None, a record without one, is -1)."""
+    milliseconds = message.timestamp
     headers = message.headers or ()
-    if isinstance(headers, dict):
-        headers = headers.items()
     return SourceRecord(
         topic=message.topic,
         partition=message.partition,
@@ -390,7 +384,7 @@ class PartitionLogReader:
             idle_rounds = 0
             chunk = []
             for message in messages:
-                record = source_record(message, message.timestamp)
+                record = source_record(message)
                 if record.offset < start:
                     # Before the range: the client went back to the log's start, as it does
                     # (auto_offset_reset) when Kafka answers a start past the end out of range.

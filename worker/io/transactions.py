@@ -2,14 +2,15 @@
 its consumed offset are committed in one Kafka transaction, by a producer whose transactional id
 belongs to that partition, so a read_committed consumer sees every input record's output once.
 
-The order on assignment (``ScorerConsumer.perform_seek``): :meth:`fence` starts the partition's
-producer, which makes the broker abort or finish the previous owner's open transaction and
-refuse that owner anything more; only then are the committed offsets read, and the partition's
-cache rebuilt and its records scored. A worker that was paused while its partitions moved (a
-zombie) finds its producer fenced: its records of that partition are dropped, never committed.
+The order on assignment (``GroupConsumer.on_partitions_assigned``): :meth:`fence` starts the
+partition's producer, which makes the broker abort or finish the previous owner's open
+transaction and refuse that owner anything more; only then are the committed offsets read, and
+the partition's cache rebuilt and its records scored. A worker that was paused while its
+partitions moved (a zombie) finds its producer fenced: its records of that partition are
+dropped, never committed.
 
-faust's own ``exactly_once`` mode does not do this: it publishes through faust's producer, and
-the worker's outputs go through :class:`~worker.io.publisher.Publisher`.
+The worker's outputs go through :class:`~worker.io.publisher.Publisher`, never through faust's
+producer (not started), so faust's own ``exactly_once`` mode would not cover them.
 """
 
 from __future__ import annotations

@@ -65,9 +65,6 @@ class Checkpoint:
         self._in_flight: dict[TopicPartition, set[asyncio.Future[object]]] = defaultdict(set)
         self._committed: dict[TopicPartition, int] = {}
         self._tasks: set[asyncio.Future[None]] = set()
-        # The consumer's own record of a partition's offsets, forgotten with ours when its log
-        # starts over (the app sets it: ``ScorerConsumer.forget_offsets``).
-        self.consumer_forget_offsets: Callable[[TopicPartition], None] | None = None
 
     # -- in flight ---------------------------------------------------------------------------
     def entered(self, tp: TopicPartition, published: asyncio.Future[Any]) -> None:
@@ -135,11 +132,9 @@ class Checkpoint:
     async def log_restarted(self, tp: TopicPartition) -> None:
         """tp's log started over (topic recreated, log truncated): once every record of the old
         log still in flight here is published or dropped, the commits of the new log may go
-        below the old one's, here and in the consumer."""
+        below the old one's (the consumer's acknowledgements started afresh when it went back)."""
         await asyncio.gather(*list(self._in_flight[tp]), return_exceptions=True)
         self._committed.pop(tp, None)
-        if self.consumer_forget_offsets is not None:
-            self.consumer_forget_offsets(tp)
 
     def assigned(self, partitions: Sequence[TopicPartition]) -> None:
         """Partitions no longer held start afresh: their next owner commits them."""
@@ -171,6 +166,57 @@ class Checkpoint:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+class Acknowledgements:
+    """Step 3's offsets, per partition: up to its first delivered record not yet acknowledged.
+    Offsets the consumer never delivers (transaction markers, compacted records) count with the
+    delivered record after them; a record delivered before its partition was assigned again
+    (or before its log started over) acknowledges nothing of the new delivery."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[TopicPartition, dict[int, bool]] = {}  # offset -> acknowledged
+        self._reached: dict[TopicPartition, int] = {}
+        self._sent: dict[TopicPartition, int] = {}
+        self._generation: dict[TopicPartition, int] = defaultdict(int)
+
+    def delivered(self, tp: TopicPartition, offset: int) -> Acknowledge:
+        """The consumer delivered ``offset`` of ``tp`` (in offset order): its acknowledgement."""
+        self._waiting.setdefault(tp, {})[offset] = False
+        generation = self._generation[tp]
+
+        async def acknowledge() -> None:
+            self._acknowledged(tp, generation, offset)
+
+        return acknowledge
+
+    def _acknowledged(self, tp: TopicPartition, generation: int, offset: int) -> None:
+        waiting = self._waiting.get(tp)
+        if self._generation[tp] != generation or not waiting or offset not in waiting:
+            return
+        waiting[offset] = True
+        while waiting and waiting[first := next(iter(waiting))]:
+            del waiting[first]
+            self._reached[tp] = first + 1
+
+    def restart(self, partitions: Sequence[TopicPartition]) -> None:
+        """Assigned again, revoked, or its log started over: tracked afresh from the next
+        delivery."""
+        for tp in partitions:
+            self._generation[tp] += 1
+            for offsets in (self._waiting, self._reached, self._sent):
+                offsets.pop(tp, None)
+
+    def to_commit(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        """The offsets of ``partitions`` acknowledged since their last commit that landed."""
+        return {
+            tp: self._reached[tp]
+            for tp in partitions
+            if tp in self._reached and self._reached[tp] != self._sent.get(tp)
+        }
+
+    def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+        self._sent.update(offsets)
 
 
 def drain_seconds(shutdown_timeout_seconds: float) -> float:

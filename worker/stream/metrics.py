@@ -123,7 +123,7 @@ fetch_paused = Gauge(
 )
 fetch_pauses = Counter(
     "kp_fetch_pauses_total",
-    "Times fetching from an input partition paused because the records taken filled the buffer",
+    "Times an input partition's fetched records began to wait for the pipeline",
 )
 
 broker_reachable = Gauge(

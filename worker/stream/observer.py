@@ -77,7 +77,7 @@ class MetricsObserver:
         metrics.latency_budget.set(self.latency_budget_seconds)
 
     def fetching_paused(self, tp: TopicPartition, paused: bool) -> None:
-        """Fetching from ``tp`` paused (the records taken fill the buffer) or resumed."""
+        """Records fetched from ``tp`` wait for the pipeline (fetching it paused), or no longer."""
         if paused and tp not in self._fetch_paused:
             self._fetch_paused.add(tp)
             metrics.fetch_pauses.inc()

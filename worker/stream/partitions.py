@@ -171,8 +171,8 @@ class Partitions:
         await asyncio.gather(*(self._prepare(tp) for tp in partitions))
 
     async def _prepare(self, tp: TopicPartition) -> None:
-        """Initialise tp with its fetches held: none of its records reaches the agent (where it
-        would wait, and the records behind it with it) before its cache is ready."""
+        """Initialise tp with its fetches held: none of its records reaches the pipeline (where
+        it would wait, and the records behind it with it) before its cache is ready."""
         async with self._locks[tp]:
             # Stopping, initialised by a record meanwhile, or revoked since.
             if self._stopping or tp in self._next_offset or tp not in self._assigned:

@@ -1,5 +1,5 @@
-"""What one fetch may bring is bounded, for every consumer the worker opens: faust's group
-consumer (whose whole fetch faust leaves at aiokafka's 50 MiB) and the log reader. Above
+"""What one fetch may bring is bounded, for every consumer the worker opens: the group
+consumer (whose whole fetch aiokafka leaves at 50 MiB by default) and the log reader. Above
 it, only a single batch larger than the bound comes whole (Kafka's rule, so a consumer always
 progresses); bench/compression_bomb.py measures what such a batch costs decompressed."""
 
@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
 from worker.io import kafka
-from worker.io.app import ScorerApp
+from worker.io.group_consumer import group_consumer_config
 from worker.io.kafka import PartitionLogReader
 from worker.settings import load_settings
 
@@ -37,8 +38,7 @@ def test_every_consumer_bounds_a_whole_fetch(
     readers = built_clients(monkeypatch, kafka, "AIOKafkaConsumer")
 
     async def fetch_limits() -> list[tuple[int, int]]:
-        app = ScorerApp(settings)
-        group = app.consumer._new_consumer_thread()._create_worker_consumer(app.transport)
+        group = AIOKafkaConsumer(**group_consumer_config(settings))
         reader = PartitionLogReader(settings)
         (built,) = readers
         consumers = (group, built.client)

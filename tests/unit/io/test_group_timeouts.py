@@ -1,4 +1,4 @@
-"""The consumer group's timings reach faust's group consumer, for any session timeout an
+"""The consumer group's timings reach the group consumer, for any session timeout an
 Apache Kafka broker accepts (its default group.max.session.timeout.ms is 30 minutes)."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 
-from worker.io.app import ScorerApp
+from worker.io.group_consumer import group_consumer_config
 from worker.settings import load_settings
 
 
@@ -24,8 +25,7 @@ def test_the_group_consumer_is_built_with_the_session_timeout(
     settings = load_settings()
 
     async def timeouts() -> tuple[int, int]:
-        app = ScorerApp(settings)
-        group = app.consumer._new_consumer_thread()._create_worker_consumer(app.transport)
+        group = AIOKafkaConsumer(**group_consumer_config(settings))
         try:
             return group._session_timeout_ms, group._request_timeout_ms
         finally:

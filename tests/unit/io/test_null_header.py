@@ -32,11 +32,17 @@ def _as_published(routed: RoutedRecord) -> list[tuple[str, bytes | None]]:
 def test_a_null_header_value_stays_null_on_every_output(isolated_settings: None) -> None:
     consumed = [
         SimpleNamespace(
-            topic="raw", partition=0, offset=offset, key=b"k", value=value, headers=INPUT_HEADERS
+            topic="raw",
+            partition=0,
+            offset=offset,
+            timestamp=1_000,
+            key=b"k",
+            value=value,
+            headers=INPUT_HEADERS,
         )
         for offset, value in enumerate([trace_bytes(), b"not json"])
     ]
-    records = [source_record(message, 1_000) for message in consumed]
+    records = [source_record(message) for message in consumed]
     assert records[0].headers == tuple(INPUT_HEADERS)
     scorer = build_scorer(load_settings(), use_embedder=False)
     scored, dead_letter = scorer.score_batch(records).routed

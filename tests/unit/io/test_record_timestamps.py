@@ -1,15 +1,14 @@
 """Record timestamps are integer milliseconds end to end: every value a producer can send
 (int64, -1 for none) reaches the outputs exactly, through the worker's own path (the record
-batch as aiokafka reads it, the faust message, the scorer, its outputs and the cache), and
-none stops the worker. faust hands a message's timestamp over as seconds in a float: 2**53 + 1
-came back as 2**53, and 2**63 - 1 as 2**63, which overflowed the cache's int64 times."""
+batch as aiokafka reads it, the scorer, its outputs and the cache), and none stops the worker.
+A timestamp taken as seconds in a float would not be: 2**53 + 1 came back as 2**53, and
+2**63 - 1 as 2**63, which overflowed the cache's int64 times."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
 from concurrent.futures import Future
-from types import SimpleNamespace
 
 import numpy as np
 import numpy.typing as npt
@@ -17,17 +16,15 @@ import orjson
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import ConsumerRecord
-from faust.types import TP
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from worker.core.cache import PartitionCaches
-from worker.core.records import Decision, SourceRecord
+from worker.core.records import Decision
 from worker.core.scorer import Scorer, Thresholds
 from worker.core.scoring import load_profiles
 from worker.embedding.protocol import RunTiming
 from worker.io.kafka import source_record
-from worker.io.library_overrides import ScorerConsumer
 
 from support.traces import trace_bytes
 
@@ -73,15 +70,6 @@ def consumed(offset: int, timestamp_ms: int, value: bytes) -> ConsumerRecord[byt
     )  # fmt: skip
 
 
-def worker_record(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
-    """The record as the worker's agent takes it: the message its faust consumer builds,
-    passed to ``source_record`` as ``worker/io/app.py`` calls it."""
-    consumer = object.__new__(ScorerConsumer)
-    consumer.app = SimpleNamespace(consumer_generation_id=1)
-    message = consumer._to_message(TP("raw", 0), record)
-    return source_record(message, round((message.timestamp or 0) * 1000))
-
-
 @settings(max_examples=150, deadline=None)
 @given(first=TIMESTAMPS, second=TIMESTAMPS)
 @example(first=2**53 + 1, second=INT64_MAX)
@@ -95,9 +83,8 @@ def test_every_record_timestamp_reaches_the_outputs_exactly(first: int, second: 
     for offset, timestamp in enumerate((first, second)):
         consumed_records = [consumed(2 * offset, timestamp, trace_bytes())]
         consumed_records.append(consumed(2 * offset + 1, timestamp, b"not json"))
-        records = [worker_record(record) for record in consumed_records]
-        # The log reader (the cache's rebuild, replay) reads the same record alike.
-        assert records == [source_record(r, r.timestamp) for r in consumed_records]
+        # The group consumer and the log reader (the cache's rebuild, replay) alike.
+        records = [source_record(record) for record in consumed_records]
         scored, dead = scorer.score_batch(records).routed
         assert scored.decision is not Decision.DEAD_LETTER and scored.breakdown is not None
         assert orjson.loads(scored.value or b"")["source"]["timestamp"] == timestamp
@@ -113,5 +100,4 @@ def test_a_record_without_a_timestamp_is_minus_one_on_every_path() -> None:
     """A message format v0 record has none (aiokafka reads None): Kafka's -1, not 0."""
     record = consumed(0, 1, b"{}")
     record.timestamp = None  # type: ignore[assignment]
-    assert worker_record(record).timestamp_ms == -1
-    assert source_record(record, record.timestamp).timestamp_ms == -1
+    assert source_record(record).timestamp_ms == -1

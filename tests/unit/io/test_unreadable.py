@@ -4,6 +4,8 @@ fail when the library changes what the override builds on."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.consumer import fetcher
@@ -150,6 +152,24 @@ def test_the_codecs_of_both_record_modules_are_bounded() -> None:
     for module in (default_records, compiled):
         for name in ("gzip_decode", "lz4_decode", "zstd_decode"):
             assert getattr(module, name).__module__ == unreadable.__name__, (module, name)
+
+
+def test_batches_are_still_read_through_partition_records_and_the_codec_functions() -> None:
+    """aiokafka still builds each partition's records by the module's name, which the override
+    replaces, with the arguments it passes on; the codecs it replaces are still functions."""
+    from aiokafka.record import default_records
+    from aiokafka.record._crecords import default_records as compiled
+
+    assert list(inspect.signature(AIOKAFKA_RECORDS.__init__).parameters)[:3] == [
+        "self",
+        "tp",
+        "records",
+    ]
+    assert "PartitionRecords(" in inspect.getsource(fetcher)
+    for module in (default_records, compiled):
+        for name in ("gzip_decode", "lz4_decode", "zstd_decode"):
+            assert callable(getattr(module, name)), f"{module.__name__}.{name}"
+    assert AIOKAFKA_RECORDS.__name__ == "PartitionRecords"
 
 
 def orjson_trace() -> bytes:
