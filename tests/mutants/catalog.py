@@ -651,6 +651,7 @@ MUTANTS: tuple[Mutant, ...] = (
                         await consumer.seek_to_beginning(tp)
                     else:
                         consumer.seek(tp, committed)
+                    self._seeking.discard((tp.topic, tp.partition))
 """,
         new="""\
                 for tp in sorted(assigned):
@@ -659,6 +660,7 @@ MUTANTS: tuple[Mutant, ...] = (
                         await consumer.seek_to_beginning(tp)
                     else:
                         consumer.seek(tp, committed)
+                    self._seeking.discard((tp.topic, tp.partition))
                 await self.transactions.fence(now_assigned)
 """,
         tests=(
