@@ -96,7 +96,7 @@ class HumanFormatter(logging.Formatter):
 
 
 # Kafka client loggers whose warnings and errors repeat many times a second during an outage.
-COLLAPSED_LOGGERS = ("aiokafka", "kafka", "faust.transport")
+COLLAPSED_LOGGERS = ("aiokafka", "kafka")
 
 
 class RepeatCollapser(logging.Filter):
@@ -180,8 +180,6 @@ class LibraryDebugFilter(logging.Filter):
 # What mode's services (faust's app, worker, ...) prefix to every line they log:
 # "[^-ScorerApp]: Stopping...".
 _SERVICE_LINE = re.compile(r"^\[\^-*.*?\]: ")
-# faust's own INFO lines that narrate its internals, with no service prefix.
-_FAUST_NARRATION = ("Executing _on_partitions_assigned", "generation id ")
 
 
 class ServiceChatterFilter(logging.Filter):
@@ -201,7 +199,7 @@ class ServiceChatterFilter(logging.Filter):
         if record.levelno != logging.INFO:
             return True
         message = record.getMessage()
-        if not (_SERVICE_LINE.match(message) or message.startswith(_FAUST_NARRATION)):
+        if not _SERVICE_LINE.match(message):
             return True
         if not self.keep_debug:
             return False

@@ -135,8 +135,6 @@ CHATTER = [
     # mode logs our app's and consumer's services under their module's logger, ours
     ("worker.io.app", "[^-ScorerApp]: Flush producer buffer..."),
     ("worker.io.app", "[^--ScorerConsumer]: Consumer shutting down for user cancel."),
-    ("faust.app.base", "Executing _on_partitions_assigned"),
-    ("faust.tables.recovery", "generation id 0 app consumers id 0"),
 ]
 
 

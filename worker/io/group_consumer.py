@@ -30,6 +30,7 @@ from worker.io.kafka import client_config, source_record, stop_client
 from worker.io.transactions import TransactionalPublisher
 from worker.settings import Settings
 from worker.stream.checkpoint import Acknowledgements, CommitWentBackwards
+from worker.stream.checkpoint import TopicPartition as Partition
 from worker.stream.observer import MetricsObserver
 from worker.stream.permissions import Refusal
 from worker.stream.processor import StreamScorer
@@ -37,7 +38,6 @@ from worker.version import __version__
 
 log = logging.getLogger(__name__)
 
-Partition = tuple[str, int]
 # How long one wait for records lasts before the loop looks again (a stop ends it sooner).
 POLL_TIMEOUT_MS = 1000
 # After the broker refused the consumer (the input's Read, the group's), it asks again this
