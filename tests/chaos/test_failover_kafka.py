@@ -18,9 +18,9 @@ partitions it led (second), and for each input partition; the third kill also pr
 group's committed offsets moved again. A dead node holds up every acks=all write in which it is
 an in-sync follower, not only the partitions it led, until the controller fences it
 (``broker.session.timeout.ms``, 9 s) and it leaves the in-sync replica sets, so the whole worker
-pauses. While the worker has a backlog, its partitions also take turns (faust's flow control
-pauses a partition whose records fill the buffer), so one partition's figure can include its
-wait for its turn.
+pauses. While the worker has a backlog, its partitions also take turns (a partition whose
+fetched records wait for the pipeline is not fetched again until they are taken), so one
+partition's figure can include its wait for its turn.
 
 ``python -m pytest -m slow -s tests/chaos/test_failover_kafka.py`` (2-3.5 minutes on 2 shared
 cores); bench/RESULTS.md ("Leader failover") has the figures.
