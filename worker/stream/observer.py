@@ -77,11 +77,14 @@ class MetricsObserver:
         metrics.latency_budget.set(self.latency_budget_seconds)
 
     def fetching_paused(self, tp: TopicPartition, paused: bool) -> None:
-        """Records fetched from ``tp`` wait for the pipeline (fetching it paused), or no longer."""
-        if paused and tp not in self._fetch_paused:
+        """Records fetched from ``tp`` wait for the pipeline (fetching it paused), or no longer.
+        Told after every batch: the gauge is set only when the set of paused partitions changed."""
+        if paused == (tp in self._fetch_paused):
+            return
+        if paused:
             self._fetch_paused.add(tp)
             metrics.fetch_pauses.inc()
-        elif not paused:
+        else:
             self._fetch_paused.discard(tp)
         metrics.fetch_paused.set(len(self._fetch_paused))
 
