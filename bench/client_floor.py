@@ -72,7 +72,6 @@ from worker.stream.processor import StreamScorer
 
 COMMIT_SECONDS = 1.0  # the worker's KP_COMMIT_INTERVAL_SECONDS default
 MODEL_SUBJECTS = {"clients+model", "clients+pipeline", "worker"}  # those that run the model
-MODEL_TEXTS = 50  # texts of each measurement of the model alone
 SIMULATED_TEXTS = 50  # the example texts the model alone is simulated with (record i: text i % 50)
 
 
@@ -279,28 +278,6 @@ def phase(
     }
 
 
-def model_reference(cpu: set[int]) -> Callable[[int], float]:
-    """The embedder as shipped, loaded on ``cpu``; the function gives its CPU ms a text over
-    ``count`` new texts, one at a time. The machine's speed drifts by 5-10 % within minutes
-    here, so each phase is held against the model measured just before and just after it."""
-    from worker.embedding import EmbedderConfig, load_embedder
-
-    with _machine.pinned(cpu):  # the model's thread, started by the first run, stays there
-        embedder, why = load_embedder(EmbedderConfig.from_settings(Settings()))
-        if embedder is None:
-            raise SystemExit(f"the model did not load: {why}")
-        embedder.embed([r.text for r in _corpus.corpus(4, "warm")])
-
-    def measure(count: int) -> float:
-        texts = [r.text for r in _corpus.corpus(count, f"model-{uuid.uuid4().hex[:6]}")]
-        before = time.process_time()
-        for text in texts:
-            embedder.submit([text]).result()
-        return (time.process_time() - before) * 1000 / count
-
-    return measure
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rates", default="5.5,11")
@@ -320,7 +297,7 @@ def main() -> None:
         return
     print(_machine.machine_line())
     os.sched_setaffinity(0, args.others_cpus)  # the broker, started next, inherits them
-    model = model_reference(args.cpu)
+    model = latency_under_load.model_reference(args.cpu)
     broker = ApacheKafka()
     broker.start()
     try:
@@ -328,9 +305,9 @@ def main() -> None:
             with _machine.pinned(args.cpu):
                 engine = latency_under_load.measure_model(SIMULATED_TEXTS, repeats=3)
             for name in args.subjects.split(","):
-                before = model(MODEL_TEXTS)
+                before = model(latency_under_load.MODEL_TEXTS)
                 result = phase(broker.bootstrap_servers, name, rate, args.records, seed, args.cpu)
-                alone = (before + model(MODEL_TEXTS)) / 2
+                alone = (before + model(latency_under_load.MODEL_TEXTS)) / 2
                 print(
                     f"{rate:5.1f}/s {name:13s} {result['ms']:6.2f} CPU ms a record, "
                     f"{result['ms'] / alone:.3f}x the model's {alone:.1f} (before and after), "

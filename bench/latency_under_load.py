@@ -38,8 +38,9 @@ Per phase, from deltas of the worker's own /metrics:
   embed_wait (for a model thread), embed (the model run) and publish stage times;
 - CPU seconds of the worker, the broker and this process (the load generator: producer,
   /metrics polls), from /proc/PID/stat, over the phase's sending and acknowledgements.
-As a cross-check, "send->stamp" is measured by this process: send time -> output record
-timestamp (set by the worker's producer; 1 ms resolution; the output's ack not included).
+And exactly, per record, by this process: "send->stamp", send time -> output record
+timestamp (set by the worker's producer; 1 ms resolution; the fetch included, the output's
+ack not: its mean is the publish stage above).
 
 Per record (the workers run with KP_TIMING_HEADER=true: each output carries its stages up to
 publishing in its kp-timing-ms header), the slowest 5 % of traces by send->stamp, with the
@@ -51,8 +52,14 @@ The model alone on the same arrivals: before the max rates, this process measure
 model as bench/budget_floor.py does (each example text alone on one thread and as shipped, and
 a backlog's rate; --sim-repeats timings per text) while the workers idle; each phase's send
 times then run through budget_floor's fluid model of the embedder as shipped (each trace's
-work is its example text's), and "worker p99 / simulated p99" says how much of the worker's
-p99 the model alone accounts for on those arrivals (1.0: all of it).
+work is its example text's), and the ratio, send->stamp p99 / simulated p99, says how much
+of the worker's p99 the model alone accounts for on those arrivals (1.0: all of it). The
+machine's speed drifts by 5-10 % within minutes, so the model alone's CPU a text is also
+measured just before and just after each phase (the worker idle) and the simulation runs at
+that speed (the ratio against the speed at the start is printed beside it). The ratio is
+taken from the exact send->stamp, not from the histogram: between its 250 and 500 ms bounds
+the histogram's p99 is interpolated, and in 10 phases of 2026-11-30 it read 1.01-1.42x the
+exact one (the "hist" column: 1.71 against 1.20 at half load in one run).
 
 Pinned apart (Linux): `--others-cpus 2,3` runs this process (the load generator) and the
 broker on those CPUs, and a configuration's `CPUS=0-1` (a bench key, not a worker setting)
@@ -74,6 +81,7 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +95,7 @@ from _metrics import BUDGET_SECONDS, fmt_ms
 from aiokafka import AIOKafkaProducer
 
 from worker.dev.embedded_broker import EmbeddedBroker
+from worker.settings import Settings
 from worker.stream.timing import STAGES
 
 # Apache Kafka is started by the tests' launcher (tests/support/apache_kafka.py).
@@ -94,6 +103,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.apache_kafka import ApacheKafka
 
 WARMUP_RECORDS = 24
+MODEL_TEXTS = 50  # texts of each measurement of the model alone
 TARGET_LOAD = 0.5
 TARGET_P99 = 0.1
 TARGET_E2E_P99 = 0.15
@@ -143,7 +153,12 @@ class Phase:
     threads: str  # the worker's CPU a trace, thread by thread
     wall_seconds: float
     breakdown: list[str]  # the slowest traces' stages, and all traces'
-    simulated_p99: float | None  # the model alone as shipped on the phase's arrivals
+    # The model alone as shipped on the phase's arrivals, at its speed just before and after
+    # the phase, and at its speed when first measured.
+    simulated_p99: float | None
+    simulated_p99_at_start: float | None
+    # CPU ms a text: around the phase (the mean), at the start, just before, just after
+    model_ms: tuple[float, float, float, float] | None
     # The same with each run as long as the worker's CPU a trace (its other threads' work
     # spread over its runs), and that CPU a trace against the model's.
     simulated_at_worker_cpu: tuple[float, float, float] | None
@@ -246,6 +261,28 @@ def measure_model(count: int, repeats: int) -> budget_floor.Engine:
     return engine
 
 
+def model_reference(cpu: set[int] | None) -> Callable[[int], float]:
+    """The embedder as shipped, loaded on ``cpu``; the function gives its CPU ms a text over
+    ``count`` new texts, one at a time. The machine's speed drifts by 5-10 % within minutes
+    here, so each phase is held against the model measured just before and just after it."""
+    from worker.embedding import EmbedderConfig, load_embedder
+
+    with _machine.pinned(cpu):  # the model's thread, started by the first run, stays there
+        embedder, why = load_embedder(EmbedderConfig.from_settings(Settings()))
+        if embedder is None:
+            raise SystemExit(f"the model did not load: {why}")
+        embedder.embed([r.text for r in _corpus.corpus(4, "warm")])
+
+    def measure(count: int) -> float:
+        texts = [r.text for r in _corpus.corpus(count, f"model-{uuid.uuid4().hex[:6]}")]
+        before = time.process_time()
+        for text in texts:
+            embedder.submit([text]).result()
+        return (time.process_time() - before) * 1000 / count
+
+    return measure
+
+
 def simulated_p99(
     engine: budget_floor.Engine, sent: list[_worker.Sent], scale: float = 1.0
 ) -> float:
@@ -335,11 +372,14 @@ async def run_phase(
     seed: int,
     broker_pid: int | None,
     engine: budget_floor.Engine | None,
+    model: tuple[Callable[[int], float], float] | None = None,
 ) -> Phase:
     assert config.worker is not None
     records = _corpus.corpus(
         args.per_phase, f"p{seed}-{uuid.uuid4().hex[:6]}", not args.repeat_texts
     )
+    # the model alone just before and just after the phase, while the worker idles
+    model_before = None if model is None else await asyncio.to_thread(model[0], MODEL_TEXTS)
     before = _metrics.scrape(await asyncio.to_thread(config.worker.metrics_text))
     pids = {"worker": config.worker.pid, "broker": broker_pid, "load generator": os.getpid()}
     cpu_before = {name: _machine.cpu_seconds(pid) for name, pid in pids.items()}
@@ -354,6 +394,10 @@ async def run_phase(
         threads_before, _machine.thread_schedstats(config.worker.pid), config.worker.pid, len(sent)
     )
     cores = cpu["worker"] / wall
+    model_ms = None
+    if model is not None and model_before is not None:
+        model_after = await asyncio.to_thread(model[0], MODEL_TEXTS)
+        model_ms = (model_before + model_after) / 2, model[1], model_before, model_after
     await asyncio.sleep(0.5)  # metrics are observed right after the broker's acks
     diff = _metrics.delta(
         _metrics.scrape(await asyncio.to_thread(config.worker.metrics_text)), before
@@ -387,7 +431,13 @@ async def run_phase(
         threads=threads,
         wall_seconds=wall,
         breakdown=breakdown_lines(outputs, sent, engine),
-        simulated_p99=None if engine is None else simulated_p99(engine, sent),
+        simulated_p99=(
+            None
+            if engine is None
+            else simulated_p99(engine, sent, 1.0 if model_ms is None else model_ms[0] / model_ms[1])
+        ),
+        simulated_p99_at_start=None if engine is None else simulated_p99(engine, sent),
+        model_ms=model_ms,
         simulated_at_worker_cpu=(
             None if engine is None else simulated_at_worker_cpu(engine, sent, cpu["worker"])
         ),
@@ -424,7 +474,7 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
                 bootstrap, config.topics.input, _corpus.corpus(WARMUP_RECORDS, "warm", unique)
             )
             await wait_acknowledged(config, warm, 180)
-        engine = None
+        engine, model = None, None
         if not (args.no_simulation or args.repeat_texts):  # repeated texts run no model
             examples = [line for line in _corpus.EXAMPLES.read_bytes().splitlines() if line.strip()]
             with _machine.pinned(configs[0].cpus):
@@ -435,6 +485,9 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
                 f"{engine.alone.mean() * 1000:.1f} ms, backlog {engine.max_rate:.1f} texts/s",
                 flush=True,
             )
+            meter = model_reference(configs[0].cpus)
+            model = meter, meter(MODEL_TEXTS)
+            print(f"the model alone's CPU a text, the phases' reference: {model[1]:.1f} ms")
         for config in configs:
             config.max_rate = await measure_max_rate(
                 bootstrap, config, args.max_rate_records, unique
@@ -452,7 +505,7 @@ async def run(args: argparse.Namespace, configs: list[Config]) -> list[Phase]:
             for config in configs[shift:] + configs[:shift]:
                 seed += 1
                 phase = await run_phase(
-                    bootstrap, config, load, load * reference, args, seed, broker_pid, engine
+                    bootstrap, config, load, load * reference, args, seed, broker_pid, engine, model
                 )
                 phases.append(phase)
                 print_phase(phase)
@@ -490,21 +543,30 @@ def print_phase(phase: Phase) -> None:
         flush=True,
     )
     print("\n".join(phase.breakdown), flush=True)
-    if phase.simulated_p99 is not None:
-        p99 = h.quantile(0.99)
+    if phase.simulated_p99 is not None and phase.simulated_p99_at_start is not None:
+        if phase.model_ms is not None:
+            now, start, before, after = phase.model_ms
+            print(
+                f"    the model alone just before and after the phase: {before:.1f} and "
+                f"{after:.1f} CPU ms a text ({now / start:.3f}x its {start:.1f} at the start); "
+                f"the worker's CPU a trace "
+                f"{phase.cpu_seconds['worker'] * 1000 / phase.sent / now:.3f}x that",
+                flush=True,
+            )
         print(
-            f"    worker p99 / simulated p99 (the model alone as shipped, same arrivals): "
-            f"{fmt_ms(p99).strip()} / {fmt_ms(phase.simulated_p99).strip()} ms = "
-            f"{p99 / phase.simulated_p99:.2f}",
+            f"    send->stamp p99 / simulated p99 (the model alone as shipped, same arrivals, "
+            f"at its speed around the phase): {fmt_ms(stamp[2]).strip()} / "
+            f"{fmt_ms(phase.simulated_p99).strip()} ms = {stamp[2] / phase.simulated_p99:.2f} "
+            f"(at its speed at the start: {stamp[2] / phase.simulated_p99_at_start:.2f}; the "
+            f"histogram's p99 / it: {h.quantile(0.99) / phase.simulated_p99:.2f})",
             flush=True,
         )
     if phase.simulated_at_worker_cpu is not None:
-        p99 = h.quantile(0.99)
         sim, worker_ms, model_ms = phase.simulated_at_worker_cpu
         print(
             f"    the same with runs as long as the worker's CPU a trace ({worker_ms:.1f} ms "
             f"against the model's {model_ms:.1f}): simulated p99 {fmt_ms(sim).strip()} ms, "
-            f"worker p99 / it = {p99 / sim:.2f}",
+            f"send->stamp p99 / it = {stamp[2] / sim:.2f}",
             flush=True,
         )
 
@@ -513,25 +575,32 @@ def print_summary(phases: list[Phase], loads: list[float]) -> None:
     print(
         "summary (ms; worker breach = share over 100 ms, e2e breach = share over 150 ms; "
         "depth = mean pipeline depth; sim p99 = the model alone as shipped on the phase's "
-        "arrivals, ratio = worker p99 / sim p99)"
+        "arrivals at its speed around the phase; ratio = send->stamp p99 / sim p99; start = "
+        "the same against the model at its speed at the start; hist = the worker histogram's "
+        "p99 / sim p99)"
     )
     print(
         f"  {'config':<16} {'load':>5} {'rate/s':>7} {'depth':>6} {'reused':>6} | "
         f"{'worker p50':>10} {'p95':>6} {'p99':>6} {'breach':>7} | "
-        f"{'e2e p50':>8} {'p95':>6} {'p99':>6} {'breach':>7} | {'sim p99':>7} {'ratio':>5}"
+        f"{'e2e p50':>8} {'p95':>6} {'p99':>6} {'breach':>7} | {'stamp p99':>9} {'sim p99':>7} "
+        f"{'ratio':>5} {'start':>5} {'hist':>5}"
     )
     for p in phases:
         h, e = p.worker, p.e2e
+        stamp_p99 = _metrics.percentiles(p.send_to_stamp)[2]
         print(
             f"  {p.config:<16} {p.load:5.0%} {p.rate:7.2f} {p.depth:6.2f} {p.reused:6.0f} | "
             f"{fmt_ms(h.quantile(0.5)):>10} {fmt_ms(h.quantile(0.95)):>6} "
             f"{fmt_ms(h.quantile(0.99)):>6} {h.share_above(BUDGET_SECONDS):7.1%} | "
             f"{fmt_ms(e.quantile(0.5)):>8} {fmt_ms(e.quantile(0.95)):>6} "
             f"{fmt_ms(e.quantile(0.99)):>6} {e.share_above(TARGET_E2E_P99):7.1%} | "
+            + f"{fmt_ms(stamp_p99):>9} "
             + (
-                f"{fmt_ms(p.simulated_p99):>7} {h.quantile(0.99) / p.simulated_p99:5.2f}"
-                if p.simulated_p99
-                else f"{'-':>7} {'-':>5}"
+                f"{fmt_ms(p.simulated_p99):>7} {stamp_p99 / p.simulated_p99:5.2f} "
+                f"{stamp_p99 / p.simulated_p99_at_start:5.2f} "
+                f"{h.quantile(0.99) / p.simulated_p99:5.2f}"
+                if p.simulated_p99 and p.simulated_p99_at_start
+                else f"{'-':>7} {'-':>5} {'-':>5} {'-':>5}"
             )
         )
     if TARGET_LOAD not in loads:
