@@ -58,7 +58,7 @@ machine's speed drifts by 5-10 % within minutes, so the model alone's CPU a text
 measured just before and just after each phase (the worker idle) and the simulation runs at
 that speed (the ratio against the speed at the start is printed beside it). The ratio is
 taken from the exact send->stamp, not from the histogram: between its 250 and 500 ms bounds
-the histogram's p99 is interpolated, and in 10 phases of 2026-11-30 it read 1.01-1.42x the
+the histogram's p99 is interpolated, and in 20 phases of 2026-11-30 it read 1.01-1.46x the
 exact one (the "hist" column: 1.71 against 1.20 at half load in one run).
 
 Pinned apart (Linux): `--others-cpus 2,3` runs this process (the load generator) and the
