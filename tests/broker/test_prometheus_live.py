@@ -423,6 +423,7 @@ def test_every_alert_rule_evaluates_ok(stack: Stack) -> None:
         missing = [m for m in promql_metric_names(rule["query"]) if not prometheus.series(m)]
         assert not missing, f"{rule['name']}: no series of {missing}"
         assert not unknown_labels(prometheus, rule["query"]), rule["name"]
+
     # A quarter of the workload is dead-lettered on purpose: far above the 5% of the rule. Its
     # rate needs two scrapes of the dead letters, and an evaluation after them: on a busy
     # machine the first evaluations can come before (none was active once, on 2 cores).
