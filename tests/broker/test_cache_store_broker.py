@@ -1,7 +1,8 @@
 """The novelty cache store: a partition's next owner reads its cache back from the store
 instead of embedding it, and falls back to embedding whatever the store cannot vouch for, with
-every score equal to the offline scorer's (the determinism scenario: 2000 traces over three
-partitions, 150 exact repeats, a 200-vector cache with an event-time TTL).
+every score equal to the offline scorer's (the determinism scenario, support/determinism.py:
+1000 traces over three partitions, a 100-vector cache and an event-time TTL that each decide
+scores).
 
 Four workers of one group take turns on the input, each stopped cleanly part way:
 - the first starts cold (nothing committed: no cache to rebuild) and stores an entry per trace;

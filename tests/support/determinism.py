@@ -1,11 +1,15 @@
 """The determinism tests' shared input and references (SPEC "Stream decisions").
 
-One input topic of 2000 seeded traces (150 exact repeats) over three partitions; a small cache
-capacity and an event-time TTL make both eviction and expiry matter, so a rebuilt cache that
-differed from the live one would show. ``offline`` is the offline scorer run per partition,
-the reference every way of scoring the topic must equal exactly. The fixtures are module
-scoped, so each test file using them (one per xdist worker) builds its own copy of the topic
-on its session broker: the seeded traces are the same everywhere.
+One input topic of 1000 seeded traces (75 exact repeats) over three partitions. Their event
+times come in blocks, dense (100 ms apart) and sparse (6 s apart), so that each bound of the
+cache decides scores on its own: in a dense block the 100-vector capacity evicts vectors well
+inside the 600 s TTL, in a sparse one the TTL expires vectors well inside the capacity. Without
+the capacity bound 33 scores differ, without the TTL 164, without both 347 (``offline_scores``
+with each bound lifted, 2026-11-30); so a rebuilt cache that evicted or expired differently
+from the live one would show. ``offline`` is the offline scorer run per partition, the
+reference every way of scoring the topic must equal exactly. The fixtures are module scoped, so
+each test file using them (one per xdist worker) builds its own copy of the topic on its
+session broker: the seeded traces are the same everywhere.
 """
 
 from __future__ import annotations
@@ -34,11 +38,14 @@ from worker.settings import load_settings
 from support.kafka_helpers import create_topics, produce
 from support.outputs import Output, collect_outputs
 
-TRACES = 2000
+TRACES = 1000
+REPEATS = 75
 PARTITIONS = 3
-CAPACITY = "200"
+CAPACITY = "100"
 TTL_SECONDS = "600"
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+BLOCK = 300  # traces of one block of event times, dense and sparse in turn
+DENSE_GAP_MS, SPARSE_GAP_MS = 100, 6000
 VERBS = ["review", "debug", "summarise", "reconcile", "triage", "profile", "document"]
 THINGS = [
     "the login handler",
@@ -53,7 +60,16 @@ THINGS = [
 TOOLS = ["grep", "pytest", "sql_query", "http_get", "ledger_api", "ticket_search"]
 
 
-def make_trace(rng: random.Random, index: int) -> dict:
+def event_times_ms() -> list[int]:
+    """Each trace's event time (its record's timestamp and its created_at)."""
+    times, now = [], START_MS
+    for index in range(TRACES):
+        times.append(now)
+        now += DENSE_GAP_MS if (index // BLOCK) % 2 == 0 else SPARSE_GAP_MS
+    return times
+
+
+def make_trace(rng: random.Random, event_time_ms: int) -> dict:
     verb, thing = rng.choice(VERBS), rng.choice(THINGS)
     steps = [{"step_id": 0, "type": "thought", "content": f"plan to {verb} {thing}"}]
     for step_id in range(1, rng.randint(1, 5)):
@@ -62,7 +78,7 @@ def make_trace(rng: random.Random, index: int) -> dict:
         if kind == "tool_call":
             step["tool"] = {"name": rng.choice(TOOLS)}
         steps.append(step)
-    created = datetime.fromtimestamp((START_MS + index * 1000) / 1000, UTC)
+    created = datetime.fromtimestamp(event_time_ms / 1000, UTC)
     return {
         "@context": "https://knowledgepulse.dev/schema/v1",
         "@type": "ReasoningTrace",
@@ -167,8 +183,9 @@ def scenario(kafka_bootstrap: str):
     input_topic = f"det-{uuid.uuid4().hex[:8]}"
     create_topics(kafka_bootstrap, [input_topic], partitions=PARTITIONS)
     rng = random.Random(20261123)
-    traces = [make_trace(rng, i) for i in range(TRACES)]
-    for i in rng.sample(range(1, TRACES), 150):  # exact repeats of earlier traces
+    times = event_times_ms()
+    traces = [make_trace(rng, at) for at in times]
+    for i in rng.sample(range(1, TRACES), REPEATS):  # exact repeats of earlier traces
         repeat = dict(traces[rng.randrange(0, i)])
         repeat["id"] = f"kp:trace:{uuid.UUID(int=rng.getrandbits(128))}"
         repeat["metadata"] = {
@@ -181,8 +198,8 @@ def scenario(kafka_bootstrap: str):
         kafka_bootstrap,
         input_topic,
         [
-            (f"agent-{i % 11}".encode(), line, i % PARTITIONS, None, START_MS + i * 1000)
-            for i, line in enumerate(lines)
+            (f"agent-{i % 11}".encode(), line, i % PARTITIONS, None, at)
+            for i, (line, at) in enumerate(zip(lines, times, strict=True))
         ],
     )
     by_partition: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
