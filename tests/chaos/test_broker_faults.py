@@ -364,7 +364,11 @@ def test_sigterm_during_an_outage_exits_by_the_deadline_without_loss(proxied) ->
             proxy.restore()
     print(f"\nSIGTERM 20 s into an outage: exit code {code} after {took:.1f} s")
     assert code == EXIT_DEADLINE, worker.tail()
-    assert any(e.get("event", "").startswith("shutdown deadline reached") for e in events)
+    # Either the commit to the unreachable broker held the stop until the deadline, or the stop
+    # finished in time and could not confirm its commits (docs/operations.md): both exit 75,
+    # each with its line. On 2 cores beside three other test workers, the second came once.
+    ended = ("shutdown deadline reached", "stopped with published records whose offsets")
+    assert any(str(e.get("event", "")).startswith(ended) for e in events), worker.tail()
     producer.join(timeout=count / RATE_PER_SECOND + 120)
     assert not producer.is_alive() and producer.error is None, producer.error
     wanted = {f"kp:trace:{prefix}-{i:06d}" for i in range(count)}
