@@ -9,6 +9,11 @@ and assigned, then idle for --seconds while this process reads the worker's and 
 CPU seconds from /proc. Nothing else runs meanwhile, so the broker's share is the worker's
 fetches (and the broker's own housekeeping: the first line measures it with no worker).
 Default configurations: the shipped settings, and `KP_FETCH_MAX_WAIT_MS=20`.
+
+With --other-topics N, the broker first gets N other topics of 4 partitions each, as a
+production cluster holds: a worker's idle CPU must not grow with them. The worker is the one
+of the directory the bench is run from (`cd <tree> && python <this file>` measures that
+tree's worker).
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ from worker.dev.embedded_broker import EmbeddedBroker
 # Apache Kafka is started by the tests' launcher (tests/support/apache_kafka.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.apache_kafka import ApacheKafka
+from support.kafka_helpers import create_topics
 
 SETTLE_SECONDS = 5.0
+OTHER_TOPICS_STEP = 250  # topics created a request
+OTHER_TOPICS_SETTLE_SECONDS = 15.0  # the broker's own work after creating them
 
 
 def measure(pids: list[int | None], seconds: float) -> list[float]:
@@ -40,11 +48,23 @@ def measure(pids: list[int | None], seconds: float) -> list[float]:
     return [(b - a) / seconds for a, b in zip(before, after, strict=True)]
 
 
+def holds_partitions(worker: _worker.Worker, timeout: float = 120.0) -> None:
+    """Wait until the worker holds partitions (a busy broker may first assign it none)."""
+    deadline = time.monotonic() + timeout
+    while not any(
+        e.get("event") == "partitions assigned" and e.get("partitions") for e in worker.events()
+    ):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the worker holds no partition after {timeout:g} s")
+        time.sleep(0.5)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--broker", choices=("kafka", "embedded"), default="kafka")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--config", action="append", metavar="NAME:KEY=VALUE,...")
+    parser.add_argument("--other-topics", type=int, default=0)
     args = parser.parse_args()
     configs = []
     for text in args.config or ["shipped:", "wait20:KP_FETCH_MAX_WAIT_MS=20"]:
@@ -54,6 +74,12 @@ def main() -> None:
     broker = ApacheKafka() if args.broker == "kafka" else EmbeddedBroker()
     broker.start()
     try:
+        if args.other_topics:
+            for first in range(0, args.other_topics, OTHER_TOPICS_STEP):
+                names = range(first, min(first + OTHER_TOPICS_STEP, args.other_topics))
+                create_topics(broker.bootstrap_servers, [f"other-{i:05d}" for i in names], 4)
+            time.sleep(OTHER_TOPICS_SETTLE_SECONDS)
+            print(f"{args.other_topics} other topics of 4 partitions")
         (quiet,) = measure([broker.pid], args.seconds)
         print(f"broker alone: {quiet:.4f} cores over {args.seconds:g} s")
         for name, env in configs:
@@ -63,7 +89,7 @@ def main() -> None:
             worker.start()
             try:
                 asyncio.run(worker.wait_serving())
-                worker.wait_ready()
+                holds_partitions(worker)
                 time.sleep(SETTLE_SECONDS)
                 used_worker, used_broker = measure([worker.pid, broker.pid], args.seconds)
             finally:
