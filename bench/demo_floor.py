@@ -8,19 +8,19 @@ model run plus the worker's own few milliseconds (decoding, tokenizing, novelty,
 A text whose model run alone takes longer than the budget is over it in any worker, and the
 share within the budget that the demo prints is bounded by those texts.
 
-Per run, in one process: each sample text's model time alone (the embedder as shipped, one
-text at a time, --repeats times), then `kp-scorer demo` itself, then the texts again. Per
-text, the median of those runs (the least would flatter the model: a demo runs each text
-once, on a machine whose speed moves by 10 % between runs). It prints how many texts that
-median puts over the budget (over it in any worker), how many it puts over once the demo's own
-mean stage times besides the model run are added (its decoding, tokenizing, waits, novelty,
+Per run, in one process: each sample text's model time alone (the embedder as the demo runs it,
+one text at a time over every core, --repeats times), then `kp-scorer demo` itself, then the
+texts again. Per text, the median of those runs (the least would flatter the model: a demo runs
+each text once, on a machine whose speed moves by 10 % between runs). It prints how many texts
+that median puts over the budget (over it in any worker), how many it puts over once the demo's
+own mean stage times besides the model run are added (its decoding, tokenizing, waits, novelty,
 scoring and publishing, from the demo's printed stage means), the shares within the budget
-those allow, and the demo's share beside them.
-"""
+those allow, and the demo's share beside them."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import _machine
 
-from worker.cli.demo import REPO_EXAMPLES
+from worker.cli.demo import REPO_EXAMPLES, light_stream_model
 from worker.core.trace import parse_trace
 from worker.embedding import EmbedderConfig, load_embedder
 from worker.settings import Settings
@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    os.environ.update(light_stream_model(Settings()))  # the demo's model options, for both
     lines = [line for line in Path(REPO_EXAMPLES).read_bytes().splitlines() if line.strip()]
     texts = [parse_trace(line).embedding_text() for line in lines]
     print(_machine.machine_line())

@@ -514,6 +514,28 @@ def test_demo_worker_not_ready_errs_on_stderr(
     assert "the worker did not become ready" in captured.err
 
 
+def test_demo_runs_one_text_at_a_time_over_every_core_unless_the_environment_says(
+    fake_demo: type[FakeWorker],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(fake_demo, "ready", False)  # the worker's settings are all it needs
+    monkeypatch.delenv("KP_EMBED_THREADS", raising=False)
+    monkeypatch.delenv("KP_EMBED_CONCURRENCY", raising=False)
+    monkeypatch.setattr(demo, "usable_cores", lambda: 6)
+    main(["demo", "--timeout", "1"])
+    assert fake_demo.env["KP_EMBED_CONCURRENCY"] == "1"
+    assert fake_demo.env["KP_EMBED_THREADS"] == "6"
+    assert "one text at a time over 6 threads" in capsys.readouterr().err
+    for name in ("KP_EMBED_THREADS", "KP_EMBED_CONCURRENCY"):
+        with monkeypatch.context() as chosen:
+            chosen.setenv(name, "2")
+            main(["demo", "--timeout", "1"])
+        assert "KP_EMBED_THREADS" not in fake_demo.env
+        assert "KP_EMBED_CONCURRENCY" not in fake_demo.env
+        assert "one text at a time" not in capsys.readouterr().err
+
+
 def test_demo_missing_records_err_on_stderr_and_the_summary_stays_on_stdout(
     fake_demo: type[FakeWorker],
     monkeypatch: pytest.MonkeyPatch,
