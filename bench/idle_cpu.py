@@ -11,9 +11,10 @@ fetches (and the broker's own housekeeping: the first line measures it with no w
 Default configurations: the shipped settings, and `KP_FETCH_MAX_WAIT_MS=20`.
 
 With --other-topics N, the broker first gets N other topics of 4 partitions each, as a
-production cluster holds: a worker's idle CPU must not grow with them. The worker is the one
-of the directory the bench is run from (`cd <tree> && python <this file>` measures that
-tree's worker).
+production cluster holds: a worker's idle CPU must not grow with them. With --standby, the
+input topic has one partition and a first worker holds it: the one measured is a standby, in
+the group but holding none. The worker is the one of the directory the bench is run from
+(`cd <tree> && python <this file>` measures that tree's worker).
 """
 
 from __future__ import annotations
@@ -59,12 +60,24 @@ def holds_partitions(worker: _worker.Worker, timeout: float = 120.0) -> None:
         time.sleep(0.5)
 
 
+def assigned_none(worker: _worker.Worker, timeout: float = 120.0) -> None:
+    """Wait until the worker has joined the group and been assigned no partition."""
+    deadline = time.monotonic() + timeout
+    while not any(
+        e.get("event") == "partitions assigned" and not e.get("partitions") for e in worker.events()
+    ):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the standby has no assignment after {timeout:g} s")
+        time.sleep(0.5)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--broker", choices=("kafka", "embedded"), default="kafka")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--config", action="append", metavar="NAME:KEY=VALUE,...")
     parser.add_argument("--other-topics", type=int, default=0)
+    parser.add_argument("--standby", action="store_true")
     args = parser.parse_args()
     configs = []
     for text in args.config or ["shipped:", "wait20:KP_FETCH_MAX_WAIT_MS=20"]:
@@ -84,18 +97,28 @@ def main() -> None:
         print(f"broker alone: {quiet:.4f} cores over {args.seconds:g} s")
         for name, env in configs:
             topics = _worker.Topics(f"bench-idle-{uuid.uuid4().hex[:8]}")
-            asyncio.run(_worker.create_topics(broker.bootstrap_servers, topics))
-            worker = _worker.Worker(broker.bootstrap_servers, **{**topics.worker_env(), **env})
-            worker.start()
+            inputs = 1 if args.standby else _worker.PARTITIONS
+            asyncio.run(_worker.create_topics(broker.bootstrap_servers, topics, inputs))
+            every = {**topics.worker_env(), "KP_INPUT_PARTITIONS": str(inputs), **env}
+            holder = _worker.Worker(broker.bootstrap_servers, **every) if args.standby else None
+            worker = _worker.Worker(broker.bootstrap_servers, **every)
             try:
+                if holder is not None:
+                    holder.start()
+                    asyncio.run(holder.wait_serving())
+                    holds_partitions(holder)
+                worker.start()
                 asyncio.run(worker.wait_serving())
-                holds_partitions(worker)
+                (assigned_none if args.standby else holds_partitions)(worker)
                 time.sleep(SETTLE_SECONDS)
                 used_worker, used_broker = measure([worker.pid, broker.pid], args.seconds)
             finally:
                 worker.stop()
+                if holder is not None:
+                    holder.stop()
             print(
-                f"{name} ({_worker.env_text(env)}): worker {used_worker:.4f} cores, broker "
+                f"{name}{' standby' if args.standby else ''} ({_worker.env_text(env)}): "
+                f"worker {used_worker:.4f} cores, broker "
                 f"{used_broker:.4f} ({used_broker - quiet:+.4f} over the broker alone), "
                 f"over {args.seconds:g} s idle"
             )

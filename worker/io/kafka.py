@@ -320,18 +320,16 @@ class PartitionLogReader:
         self, partitions: Sequence[tuple[str, int]], timeout: float
     ) -> dict[tuple[str, int], int]:
         """The end offsets of ``partitions`` (asked of their leaders, as a fetch would be),
-        within ``timeout`` seconds; raises if the broker cannot answer. With no partitions, a
-        request for the cluster's metadata tells whether it answers. Only then: that names
-        every topic of the cluster: an idle worker asking it every probe took 0.0520 core beside
-        3,000 other topics, 0.0060 without (bench/idle_cpu.py --other-topics, RESULTS.md). The
-        client finds a partition's leader in the metadata of its own topics."""
+        within ``timeout`` seconds; raises if the broker cannot answer. With no partitions, the
+        input's first partition is asked, not returned. Never the cluster's metadata, which
+        names every topic: an idle worker asking it every probe took 0.0520 core beside 3,000
+        other topics, 0.0060 without (bench/idle_cpu.py --other-topics, RESULTS.md). The client
+        finds a partition's leader in the metadata of the topics it reads."""
         wanted = [TopicPartition(topic, partition) for topic, partition in partitions]
+        asked = wanted or [TopicPartition(self._settings.input_topic, 0)]
         async with asyncio.timeout(timeout):
-            if not wanted:
-                await self._consumer.topics()
-                return {}
-            ends = await self._consumer.end_offsets(wanted)
-        return {(tp.topic, tp.partition): end for tp, end in ends.items()}
+            ends = await self._consumer.end_offsets(asked)
+        return {(tp.topic, tp.partition): ends[tp] for tp in wanted}
 
     async def range_start(
         self, topic: str, partition: int, from_offset: int | None, from_time_ms: int | None
