@@ -121,7 +121,9 @@ class WorkerProcess:
         raise TimeoutError(f"worker did not log {event!r} within {timeout} s:\n{self.tail()}")
 
     def wait_ready(self, timeout: float = 90.0) -> WorkerProcess:
-        """Started, and holding partitions (a group join on a local broker takes a few s)."""
+        """Started, and through its first group join (a few s on a local broker). That may
+        assign it no partition: a group with more workers than partitions, or a broker still
+        busy; a caller that needs partitions waits for an assignment that names some."""
         self.wait_for_event("partitions assigned", timeout)
         return self
 
