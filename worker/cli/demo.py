@@ -213,11 +213,11 @@ def print_summary(accounting: Accounting, metrics: dict, port: int, settings: Se
 
 
 def light_stream_model(settings: Settings) -> dict[str, str]:
-    """The demo's worker runs one text at a time over every usable core (onnxruntime's own
-    default), unless the environment sets either option: its traces arrive far apart, so no run
-    waits for another, and a long text ends sooner over two threads (60 ms against 99 alone,
-    `bench/model_runs.py`). On a day the model ran at ~32 ms a text, the demo kept 98.2-100 %
-    of its records within the budget in 4 runs this way, 94.6-96.4 % with one run a core."""
+    """The demo's worker runs one text at a time over every usable core, unless the
+    environment sets either option: its traces arrive far apart, so no run waits for another,
+    and a long text ends sooner over two threads (60 ms against 99 alone, `bench/model_runs.py`).
+    On a day the model ran at ~32-39 ms a text, the demo kept 98.2-100 % of its records within
+    the budget in 7 runs this way, 94.6-96.4 % in 5 with one run a core (bench/RESULTS.md)."""
     if settings.model_fields_set & {"embed_threads", "embed_concurrency"}:
         return {}
     return {"KP_EMBED_CONCURRENCY": "1", "KP_EMBED_THREADS": str(usable_cores())}
