@@ -37,6 +37,7 @@ from support.apache_kafka import ApacheKafka
 from support.kafka_helpers import create_topics
 
 SETTLE_SECONDS = 5.0
+READY_SECONDS = 120.0  # a broker busy with thousands of new topics answers a join slowly
 OTHER_TOPICS_STEP = 250  # topics created a request
 OTHER_TOPICS_SETTLE_SECONDS = 15.0  # the broker's own work after creating them
 
@@ -47,28 +48,6 @@ def measure(pids: list[int | None], seconds: float) -> list[float]:
     time.sleep(seconds)
     after = [_machine.cpu_seconds(pid) for pid in pids]
     return [(b - a) / seconds for a, b in zip(before, after, strict=True)]
-
-
-def holds_partitions(worker: _worker.Worker, timeout: float = 120.0) -> None:
-    """Wait until the worker holds partitions (a busy broker may first assign it none)."""
-    deadline = time.monotonic() + timeout
-    while not any(
-        e.get("event") == "partitions assigned" and e.get("partitions") for e in worker.events()
-    ):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the worker holds no partition after {timeout:g} s")
-        time.sleep(0.5)
-
-
-def assigned_none(worker: _worker.Worker, timeout: float = 120.0) -> None:
-    """Wait until the worker has joined the group and been assigned no partition."""
-    deadline = time.monotonic() + timeout
-    while not any(
-        e.get("event") == "partitions assigned" and not e.get("partitions") for e in worker.events()
-    ):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the standby has no assignment after {timeout:g} s")
-        time.sleep(0.5)
 
 
 def main() -> None:
@@ -106,10 +85,15 @@ def main() -> None:
                 if holder is not None:
                     holder.start()
                     asyncio.run(holder.wait_serving())
-                    holds_partitions(holder)
+                    holder.wait_ready(READY_SECONDS)
                 worker.start()
                 asyncio.run(worker.wait_serving())
-                (assigned_none if args.standby else holds_partitions)(worker)
+                if args.standby:  # the measured one must be the worker that holds none
+                    worker.wait_for_event(
+                        "partitions assigned", READY_SECONDS, where=lambda e: not e["partitions"]
+                    )
+                else:
+                    worker.wait_ready(READY_SECONDS)
                 time.sleep(SETTLE_SECONDS)
                 used_worker, used_broker = measure([worker.pid, broker.pid], args.seconds)
             finally:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -110,21 +111,31 @@ class WorkerProcess:
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
-    def wait_for_event(self, event: str, timeout: float = 60.0, count: int = 1) -> None:
+    def wait_for_event(
+        self,
+        event: str,
+        timeout: float = 60.0,
+        count: int = 1,
+        where: Callable[[dict[str, object]], object] | None = None,
+    ) -> None:
+        """Until the log holds ``count`` ``event`` lines (those for which ``where`` is true)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if sum(1 for e in self.events() if e.get("event") == event) >= count:
+            found = [e for e in self.events() if e.get("event") == event]
+            if sum(1 for e in found if where is None or where(e)) >= count:
                 return
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"worker exited ({self.process.returncode}):\n{self.tail()}")
             time.sleep(0.1)
         raise TimeoutError(f"worker did not log {event!r} within {timeout} s:\n{self.tail()}")
 
-    def wait_ready(self, timeout: float = 90.0) -> WorkerProcess:
-        """Started, and through its first group join (a few s on a local broker). That may
-        assign it no partition: a group with more workers than partitions, or a broker still
-        busy; a caller that needs partitions waits for an assignment that names some."""
-        self.wait_for_event("partitions assigned", timeout)
+    def wait_ready(self, timeout: float = 90.0, holding: bool = True) -> WorkerProcess:
+        """Started and holding partitions (a group join on a local broker takes a few s). A
+        join may assign none (a group of more workers than partitions, a broker still busy):
+        ``holding=False`` returns at the first assignment, empty or not."""
+        self.wait_for_event(
+            "partitions assigned", timeout, where=lambda e: e.get("partitions") or not holding
+        )
         return self
 
     def signal(self, signum: int) -> None:
