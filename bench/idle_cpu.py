@@ -12,8 +12,8 @@ Default configurations: the shipped settings, and `KP_FETCH_MAX_WAIT_MS=20`.
 
 With --other-topics N, the broker first gets N other topics of 4 partitions each, as a
 production cluster holds: a worker's idle CPU must not grow with them. With --standby, the
-input topic has one partition and a first worker holds it: the one measured is a standby, in
-the group but holding none. The worker is the one of the directory the bench is run from
+input topic has one partition and two workers share the group: the one measured is the standby,
+the one the group assigned none. The worker is the one of the directory the bench is run from
 (`cd <tree> && python <this file>` measures that tree's worker).
 """
 
@@ -50,6 +50,20 @@ def measure(pids: list[int | None], seconds: float) -> list[float]:
     return [(b - a) / seconds for a, b in zip(before, after, strict=True)]
 
 
+def standby(workers: list[_worker.Worker]) -> _worker.Worker:
+    """The worker whose latest assignment is empty, once the other's names the partition."""
+    deadline = time.monotonic() + READY_SECONDS
+    while time.monotonic() < deadline:
+        latest = [
+            [e["partitions"] for e in worker.events() if e.get("event") == "partitions assigned"]
+            for worker in workers
+        ]
+        if all(latest) and sorted(bool(assigned[-1]) for assigned in latest) == [False, True]:
+            return next(w for w, assigned in zip(workers, latest, strict=True) if not assigned[-1])
+        time.sleep(0.5)
+    raise SystemExit(f"no worker became the standby within {READY_SECONDS:g} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--broker", choices=("kafka", "embedded"), default="kafka")
@@ -79,27 +93,20 @@ def main() -> None:
             inputs = 1 if args.standby else _worker.PARTITIONS
             asyncio.run(_worker.create_topics(broker.bootstrap_servers, topics, inputs))
             every = {**topics.worker_env(), "KP_INPUT_PARTITIONS": str(inputs), **env}
-            holder = _worker.Worker(broker.bootstrap_servers, **every) if args.standby else None
-            worker = _worker.Worker(broker.bootstrap_servers, **every)
+            workers = [
+                _worker.Worker(broker.bootstrap_servers, **every)
+                for _ in range(2 if args.standby else 1)
+            ]
             try:
-                if holder is not None:
-                    holder.start()
-                    asyncio.run(holder.wait_serving())
-                    holder.wait_ready(READY_SECONDS)
-                worker.start()
-                asyncio.run(worker.wait_serving())
-                if args.standby:  # the measured one must be the worker that holds none
-                    worker.wait_for_event(
-                        "partitions assigned", READY_SECONDS, where=lambda e: not e["partitions"]
-                    )
-                else:
-                    worker.wait_ready(READY_SECONDS)
+                for started in workers:
+                    started.start()
+                    asyncio.run(started.wait_serving())
+                worker = standby(workers) if args.standby else workers[0].wait_ready(READY_SECONDS)
                 time.sleep(SETTLE_SECONDS)
                 used_worker, used_broker = measure([worker.pid, broker.pid], args.seconds)
             finally:
-                worker.stop()
-                if holder is not None:
-                    holder.stop()
+                for started in workers:
+                    started.stop()
             print(
                 f"{name}{' standby' if args.standby else ''} ({_worker.env_text(env)}): "
                 f"worker {used_worker:.4f} cores, broker "
