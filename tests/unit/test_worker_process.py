@@ -17,13 +17,12 @@ def assigned(log: Path, partitions: list[list[object]]) -> None:
         out.write(orjson.dumps(line) + b"\n")
 
 
-def test_ready_means_holding_partitions_unless_told_otherwise(tmp_path: Path) -> None:
+def test_ready_means_holding_partitions(tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
     log.write_bytes(b"not json\n")
     worker = WorkerProcess("127.0.0.1:9", log_path=log)  # never started: its log is written here
     assigned(log, [])
     with pytest.raises(TimeoutError, match="partitions assigned"):
         worker.wait_ready(timeout=0.3)
-    assert worker.wait_ready(timeout=0.3, holding=False) is worker
     assigned(log, [["kp.traces.raw", 0]])
     assert worker.wait_ready(timeout=0.3) is worker

@@ -129,13 +129,10 @@ class WorkerProcess:
             time.sleep(0.1)
         raise TimeoutError(f"worker did not log {event!r} within {timeout} s:\n{self.tail()}")
 
-    def wait_ready(self, timeout: float = 90.0, holding: bool = True) -> WorkerProcess:
-        """Started and holding partitions (a group join on a local broker takes a few s). A
-        join may assign none (a group of more workers than partitions, a broker still busy):
-        ``holding=False`` returns at the first assignment, empty or not."""
-        self.wait_for_event(
-            "partitions assigned", timeout, where=lambda e: e.get("partitions") or not holding
-        )
+    def wait_ready(self, timeout: float = 90.0) -> WorkerProcess:
+        """Started and holding partitions (a group join on a local broker takes a few s): a
+        join may assign none (a group of more workers than partitions, a broker still busy)."""
+        self.wait_for_event("partitions assigned", timeout, where=lambda e: e.get("partitions"))
         return self
 
     def signal(self, signum: int) -> None:
