@@ -24,6 +24,7 @@ import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
+from support.fixtures import LONGEST_FILES
 from support.paths import REPO, TESTS
 
 MAX_PRIVATE_READS = 5
@@ -206,3 +207,10 @@ def test_a_test_of_one_subpackage_sits_in_its_folder() -> None:
             misplaced.append(f"{path.name} -> tests/unit/{packages.pop()}/")
     assert misplaced == []
     assert all((UNIT / package).is_dir() for package in SUBPACKAGES)
+
+
+def test_the_longest_files_first_are_files_of_the_suite() -> None:
+    """The test files run first (support/fixtures.py) each exist, once: a renamed file would
+    only lose its early start, silently."""
+    assert len(set(LONGEST_FILES)) == len(LONGEST_FILES)
+    assert [name for name in LONGEST_FILES if not (TESTS / name).is_file()] == []
