@@ -95,8 +95,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     (longest-first scheduling)."""
     if chosen_broker() != "embedded":
         return
-    rank = {name: index for index, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS).as_posix(), len(rank)))
+    rank = {TESTS / name: index for index, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path, len(rank)))
 
 
 # The demo's 20 ms keeps its latency low on the embedded broker, which holds a fetch of several
