@@ -14,6 +14,7 @@ the last three. The embedded broker's smoke tier (the demo's broker) takes
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -202,8 +203,10 @@ def isolated_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     root.setLevel(level)
 
 
+@functools.cache
 def _docker_usable() -> bool:
-    """testcontainers is installed and a Docker engine answers a ping (quickly)."""
+    """testcontainers is installed and a Docker engine answers a ping (quickly): asked once a
+    process, however many hooks and skip conditions ask which broker runs."""
     if importlib.util.find_spec("testcontainers") is None:
         return False
     try:
