@@ -61,6 +61,8 @@ def build_model(
     source, source_id, source_sha256, source_engine = _checked_source(source)
     output = Path(output)
     _refuse_overwriting(output, source)
+    if not output.parent.is_dir():  # said now, not after seconds of quantizing
+        raise QuantizeError(f"cannot write {output}: {output.parent} is not a folder")
     data = _streamlined_bytes(source) if recipe is None else derive_bytes(source)
     try:  # a model onnxruntime cannot open would fail every worker's start
         SessionFactory().open(data)

@@ -1,7 +1,7 @@
 """The novelty cache store: a partition's next owner reads its cache back from the store
 instead of embedding it, and falls back to embedding whatever the store cannot vouch for, with
 every score equal to the offline scorer's (the determinism scenario, support/determinism.py:
-1000 traces over three partitions, a 100-vector cache and an event-time TTL that each decide
+600 traces over three partitions, a 50-vector cache and an event-time TTL that each decide
 scores).
 
 Four workers of one group take turns on the input, each stopped cleanly part way:

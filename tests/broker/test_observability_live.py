@@ -173,7 +173,7 @@ def test_metrics_answer_while_scoring_a_backlog_with_idle_connections_open(
 ) -> None:
     """200 idle connections cost the worker no thread each, and scrapes are answered promptly
     while the model works through a backlog."""
-    env, outputs = worker_topics(new_topic_name("busy"), partitions=1, KP_EMBED_CONCURRENCY="1")
+    env, _ = worker_topics(new_topic_name("busy"), partitions=1, KP_EMBED_CONCURRENCY="1")
     topic = env["KP_INPUT_TOPIC"]
     create_topics(kafka_bootstrap, [topic], partitions=1)
     traces = [
@@ -202,7 +202,8 @@ def test_metrics_answer_while_scoring_a_backlog_with_idle_connections_open(
         finally:
             for sock in idle:
                 sock.close()
-        collect_outputs(kafka_bootstrap, outputs, {(0, i) for i in range(len(traces))}, settle=0)
+        # the rest of the backlog is not this test's: a SIGTERM mid-backlog exits cleanly
+        assert worker.stop() == 0, worker.tail()
     assert during <= before + 2, f"{before} threads before, {during} with 200 idle connections"
     assert scored < len(traces), "the scrapes came while the backlog was being scored"
     assert max(scrapes) < 1.0, scrapes

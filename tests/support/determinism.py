@@ -1,15 +1,17 @@
 """The determinism tests' shared input and references (SPEC "Stream decisions").
 
-One input topic of 1000 seeded traces (75 exact repeats) over three partitions. Their event
+One input topic of 600 seeded traces (45 exact repeats) over three partitions. Their event
 times come in blocks, dense (100 ms apart) and sparse (6 s apart), so that each bound of the
-cache decides scores on its own: in a dense block the 100-vector capacity evicts vectors well
+cache decides scores on its own: in a dense block the 50-vector capacity evicts vectors well
 inside the 600 s TTL, in a sparse one the TTL expires vectors well inside the capacity. Without
-the capacity bound 33 scores differ, without the TTL 164, without both 347 (``offline_scores``
+the capacity bound 74 scores differ, without the TTL 32, without both 201 (``offline_scores``
 with each bound lifted, 2026-11-30); so a rebuilt cache that evicted or expired differently
-from the live one would show. ``offline`` is the offline scorer run per partition, the
-reference every way of scoring the topic must equal exactly. The fixtures are module scoped, so
-each test file using them (one per xdist worker) builds its own copy of the topic on its
-session broker: the seeded traces are the same everywhere.
+from the live one would show. (600 traces, not more: each way of scoring the topic runs the
+model on every trace, and together they were the suite's largest CPU cost.) ``offline`` is
+the offline scorer run per partition, the reference every way of scoring the topic must equal
+exactly. The fixtures are module scoped, so each test file using them (one per xdist worker)
+builds its own copy of the topic on its session broker: the seeded traces are the same
+everywhere.
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ from worker.settings import load_settings
 from support.kafka_helpers import create_topics, produce
 from support.outputs import Output, collect_outputs
 
-TRACES = 1000
-REPEATS = 75
+TRACES = 600
+REPEATS = 45
 PARTITIONS = 3
-CAPACITY = "100"
+CAPACITY = "50"
 TTL_SECONDS = "600"
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-BLOCK = 300  # traces of one block of event times, dense and sparse in turn
+BLOCK = 200  # traces of one block of event times, dense and sparse in turn
 DENSE_GAP_MS, SPARSE_GAP_MS = 100, 6000
 VERBS = ["review", "debug", "summarise", "reconcile", "triage", "profile", "document"]
 THINGS = [

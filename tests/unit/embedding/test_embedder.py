@@ -501,14 +501,21 @@ if __name__ == "__main__":
         sys.exit("usage: python tests/unit/embedding/test_embedder.py --regenerate")
 
 
+@pytest.fixture(scope="module")
+def mixed_texts(embedder: OnnxEmbedder) -> tuple[list[str], np.ndarray]:
+    """Texts of every length up to past the token limit, and their vectors from ``embedder``
+    (embedded once for the module: long texts are the costliest runs of the suite's units)."""
+    texts = [long_text(n, seed=n) for n in range(1, 300, 13)] + ["", "same", "same"]
+    return texts, embedder.embed(texts)
+
+
 @pytest.mark.parametrize(
     ("concurrency", "batch_size", "threads"), [(1, 1, 1), (2, 1, 1), (3, 4, 1)]
 )
 def test_vectors_do_not_depend_on_concurrency_batching_or_threads(
-    embedder: OnnxEmbedder, concurrency: int, batch_size: int, threads: int
+    mixed_texts: tuple[list[str], np.ndarray], concurrency: int, batch_size: int, threads: int
 ) -> None:
-    texts = [long_text(n, seed=n) for n in range(1, 300, 13)] + ["", "same", "same"]
-    expected = embedder.embed(texts)
+    texts, expected = mixed_texts
     other = load(batch_size=batch_size, threads=threads, concurrency=concurrency)
     try:
         assert np.array_equal(other.embed(texts), expected)
