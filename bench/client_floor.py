@@ -4,6 +4,8 @@ without its model.
     python bench/client_floor.py [--rates 5.5,11] [--records 600] [--cpu 1] [--others-cpus 0]
                                  [--subjects clients,no model,clients+model,worker,...]
 
+(the librdkafka subjects need confluent-kafka, one of the test dependencies)
+
 Apache Kafka (one node, started on loopback as the tests start it) and this process (the load
 generator) run on --others-cpus; each subject runs alone on --cpu, one after another, on its
 own 4-partition topics, fed the same Poisson arrivals of bench corpus records (unique texts)
@@ -23,7 +25,10 @@ at each of --rates records/s:
 - ``no model``: ``kp-scorer worker`` with a model file that does not load (novelty 0.5, no
   model runs): the process, its group consumer, the pipeline, the metrics and publishing,
   without the model;
-- ``worker``: ``kp-scorer worker`` as shipped.
+- ``worker``: ``kp-scorer worker`` as shipped;
+- ``librdkafka`` and ``librdkafka+model``: ``clients`` and ``clients+model`` on
+  confluent-kafka's clients (librdkafka, in C) instead of aiokafka, configured alike: how much
+  of the floor is the client library's.
 
 Per subject and rate: its CPU ms a record (utime + stime over the phase, from sending the
 first record to the last output's arrival), each thread's, and that against the model's
@@ -71,7 +76,12 @@ from worker.stream.observer import MetricsObserver
 from worker.stream.processor import StreamScorer
 
 COMMIT_SECONDS = 1.0  # the worker's KP_COMMIT_INTERVAL_SECONDS default
-MODEL_SUBJECTS = {"clients+model", "clients+pipeline", "worker"}  # those that run the model
+MODEL_SUBJECTS = {
+    "clients+model",
+    "clients+pipeline",
+    "librdkafka+model",
+    "worker",
+}  # those that run the model
 SIMULATED_TEXTS = 50  # the example texts the model alone is simulated with (record i: text i % 50)
 
 
@@ -149,6 +159,65 @@ async def clients(bootstrap: str, source: str, output: str, group: str, model: b
         await producer.stop()
 
 
+def librdkafka(bootstrap: str, source: str, output: str, group: str, model: bool) -> None:
+    """The ``librdkafka`` subjects: ``clients`` and ``clients+model`` on confluent-kafka's
+    clients (librdkafka, C) instead of aiokafka, configured alike (read_committed, the worker's
+    fetch wait, acks=all, idempotent, linger 0, offsets committed every second). A record's
+    text is embedded on the model's thread, which then hands its copy to the producer
+    (thread-safe); this thread waits for records and serves the producer's acks."""
+    from confluent_kafka import Consumer, Producer
+
+    settings = Settings()
+    embedder = None
+    if model:
+        from worker.embedding import EmbedderConfig, load_embedder
+
+        embedder, why = load_embedder(EmbedderConfig.from_settings(settings))
+        if embedder is None:
+            raise SystemExit(f"the model did not load: {why}")
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+        "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+        "fetch.wait.max.ms": settings.fetch_max_wait_ms,
+        "fetch.max.bytes": settings.fetch_max_bytes,
+    })  # fmt: skip
+    producer = Producer({
+        "bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+        "linger.ms": 0,
+    })  # fmt: skip
+    consumer.subscribe([source])
+    while not consumer.assignment():
+        consumer.poll(0.1)
+    print("ready", flush=True)
+
+    def publish(record: Any) -> None:
+        source = [
+            ("kp-source-partition", str(record.partition()).encode()),
+            ("kp-source-offset", str(record.offset()).encode()),
+        ]
+        producer.produce(output, record.value(), key=record.key(), headers=source)
+
+    def take(record: Any) -> None:
+        if embedder is None:
+            publish(record)
+            return
+        text = parse_trace(record.value()).embedding_text()
+        embedder.submit([text]).add_done_callback(lambda _: publish(record))
+
+    last_commit = time.monotonic()
+    while True:
+        record = consumer.poll(0.1)
+        if record is not None and record.error() is None:
+            take(record)
+            for more in consumer.consume(num_messages=500, timeout=0):
+                if more.error() is None:
+                    take(more)
+        producer.poll(0)
+        if time.monotonic() - last_commit >= COMMIT_SECONDS:
+            consumer.commit(asynchronous=True)
+            last_commit = time.monotonic()
+
+
 async def pipeline(bootstrap: str) -> None:
     """The ``clients+pipeline`` subject: the worker's own pipeline as shipped (decode, embed,
     novelty in offset order, score, publish each output with its cache entry, metrics) on the
@@ -209,7 +278,7 @@ async def wait_outputs(bootstrap: str, topics: _worker.Topics, count: int, timeo
 
 def start_subject(name: str, bootstrap: str, topics: _worker.Topics) -> tuple[object, int]:
     """The subject's process, started and ready; (handle, pid)."""
-    if name.startswith("clients"):
+    if name.startswith(("clients", "librdkafka")):
         # the dead-letter topic, where an output names its source in headers, as the worker's do
         output = next(t for t, decision in topics.outputs.items() if decision == "dead_letter")
         process = subprocess.Popen(
@@ -290,6 +359,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.role == "clients+pipeline":
         asyncio.run(pipeline(args.bootstrap))
+        return
+    if args.role in ("librdkafka", "librdkafka+model"):
+        model = args.role == "librdkafka+model"
+        librdkafka(args.bootstrap, args.input, args.output, args.group, model)
         return
     if args.role is not None:
         model = args.role == "clients+model"
