@@ -67,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.apache_kafka import ApacheKafka
 
 from worker.core.output import output_topics
+from worker.core.records import SourceRecord
 from worker.core.scorer import build_scorer
 from worker.core.trace import parse_trace
 from worker.io.kafka import PartitionLogReader, ensure_topics, source_record, stop_all
@@ -80,6 +81,7 @@ MODEL_SUBJECTS = {
     "clients+model",
     "clients+pipeline",
     "librdkafka+model",
+    "librdkafka+pipeline",
     "worker",
 }  # those that run the model
 SIMULATED_TEXTS = 50  # the example texts the model alone is simulated with (record i: text i % 50)
@@ -258,6 +260,132 @@ async def pipeline(bootstrap: str) -> None:
         await stop_all(reader, publisher)
 
 
+class LibrdkafkaPublisher:
+    """The worker's ``RoutedPublisher`` on confluent-kafka's producer, as the ``Publisher`` is
+    configured (acks=all, idempotent, linger 0): each output and its cache entry handed over at
+    once, then their acks awaited. A bench's: no retries, no refusals replaced."""
+
+    def __init__(self, bootstrap: str, settings: Settings, store: Any) -> None:
+        import threading
+
+        from confluent_kafka import Producer
+
+        self._producer = Producer({
+            "bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+            "linger.ms": 0,
+        })  # fmt: skip
+        self._topics = output_topics(settings)
+        self._store = store
+        self._stopped = threading.Event()
+        # acks come back on the thread that polls the producer, which wakes at each one
+        self._poller = threading.Thread(target=self._poll, daemon=True)
+        self._poller.start()
+
+    def _poll(self) -> None:
+        while not self._stopped.is_set():
+            self._producer.poll(0.5)
+
+    async def publish(self, routed: Any) -> None:
+        loop = asyncio.get_running_loop()
+        acks: list[asyncio.Future[None]] = []
+
+        def produce(topic: str, value: Any, key: Any, **extra: Any) -> None:
+            ack = loop.create_future()
+
+            def delivered(error: Any, _message: Any) -> None:
+                loop.call_soon_threadsafe(
+                    ack.set_exception if error else ack.set_result,
+                    RuntimeError(str(error)) if error else None,
+                )
+
+            self._producer.produce(topic, value, key=key, on_delivery=delivered, **extra)
+            acks.append(ack)
+
+        for record in routed:
+            produce(self._topics[record.decision], record.value, record.key,
+                    headers=list(record.headers))  # fmt: skip
+        for record in routed:
+            if self._store is not None and record.cache_entry is not None:
+                key, value = record.cache_entry
+                partition = self._store.partition_of(record.source.partition)
+                produce(self._store.name, value, key, partition=partition)
+        await asyncio.gather(*acks)
+
+    def stop(self) -> None:
+        self._producer.flush(10)
+        self._stopped.set()
+
+
+async def librdkafka_pipeline(bootstrap: str) -> None:
+    """The ``librdkafka+pipeline`` subject: ``clients+pipeline`` with confluent-kafka's
+    consumer and producer (librdkafka) in place of aiokafka's. The consumer waits for records
+    on a thread of its own and hands each batch to the event loop; offsets: the positions
+    fetched, every second."""
+    import threading
+
+    from confluent_kafka import Consumer
+
+    settings = load_settings()
+    _, store = await ensure_topics(settings, list(output_topics(settings).values()))
+    observer = MetricsObserver(settings.latency_budget_seconds)
+    publisher = LibrdkafkaPublisher(bootstrap, settings, store)
+    reader = PartitionLogReader(settings, group_id=settings.group_id)  # restores only
+    await reader.start()
+    stream = StreamScorer(
+        build_scorer(settings), reader, publisher, settings.max_in_flight_records,
+        observer=observer, store=store,
+    )  # fmt: skip
+    loop = asyncio.get_running_loop()
+    assigned = threading.Event()
+
+    def on_assign(_consumer: Any, partitions: Any) -> None:
+        tps = sorted((tp.topic, tp.partition) for tp in partitions)
+        loop.call_soon_threadsafe(stream.assigned, tps)
+        assigned.set()
+
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": settings.group_id,
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed", "fetch.wait.max.ms": settings.fetch_max_wait_ms,
+        "fetch.max.bytes": settings.fetch_max_bytes,
+    })  # fmt: skip
+    consumer.subscribe([settings.input_topic], on_assign=on_assign)
+
+    batches: asyncio.Queue[list[Any]] = asyncio.Queue()
+
+    def consume() -> None:
+        last_commit = time.monotonic()
+        while True:
+            record = consumer.poll(0.1)
+            if record is not None and record.error() is None:
+                batch = [record, *consumer.consume(num_messages=500, timeout=0)]
+                loop.call_soon_threadsafe(batches.put_nowait, batch)
+            if time.monotonic() - last_commit >= COMMIT_SECONDS:
+                if consumer.assignment():
+                    consumer.commit(asynchronous=True)
+                last_commit = time.monotonic()
+
+    async def feed() -> None:
+        """Each record to the pipeline in the order fetched, as ``clients+pipeline`` does."""
+        while True:
+            batch = await batches.get()
+            now = time.monotonic()
+            for record in batch:
+                if record.error() is not None:
+                    continue
+                source = SourceRecord(
+                    topic=record.topic(), partition=record.partition(), offset=record.offset(),
+                    timestamp_ms=record.timestamp()[1], key=record.key(), value=record.value(),
+                    headers=tuple((k, v) for k, v in record.headers() or ()),
+                )  # fmt: skip
+                await stream.submit([source], [now], [None])
+
+    threading.Thread(target=consume, daemon=True).start()
+    await asyncio.to_thread(assigned.wait)
+    print("ready", flush=True)
+    await feed()  # until terminated
+
+
 async def wait_outputs(bootstrap: str, topics: _worker.Topics, count: int, timeout: float) -> None:
     """Until the output topics hold ``count`` records (their end offsets, four times a second:
     the outputs themselves are read only after the phase, as in the latency bench)."""
@@ -357,6 +485,9 @@ def main() -> None:
     for internal in ("--role", "--bootstrap", "--input", "--output", "--group"):
         parser.add_argument(internal, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.role == "librdkafka+pipeline":
+        asyncio.run(librdkafka_pipeline(args.bootstrap))
+        return
     if args.role == "clients+pipeline":
         asyncio.run(pipeline(args.bootstrap))
         return
