@@ -115,17 +115,21 @@ async def consume(consumer: AIOKafkaConsumer, take: Callable[[Any], Awaitable[No
             last_commit = time.monotonic()
 
 
+def floor_embedder(settings: Settings) -> Any:
+    """The embedder as shipped, for the floors that run the model."""
+    from worker.embedding import EmbedderConfig, load_embedder
+
+    embedder, why = load_embedder(EmbedderConfig.from_settings(settings))
+    if embedder is None:
+        raise SystemExit(f"the model did not load: {why}")
+    return embedder
+
+
 async def clients(bootstrap: str, source: str, output: str, group: str, model: bool) -> None:
     """The ``clients`` subject: consume, publish each value and await its ack, commit; with
     ``model``, each record's text is embedded first (the model as shipped)."""
     settings = Settings()
-    embedder = None
-    if model:
-        from worker.embedding import EmbedderConfig, load_embedder
-
-        embedder, why = load_embedder(EmbedderConfig.from_settings(settings))
-        if embedder is None:
-            raise SystemExit(f"the model did not load: {why}")
+    embedder = floor_embedder(settings) if model else None
     consumer = floor_consumer(bootstrap, group, settings)
     consumer.subscribe([source])
     producer = AIOKafkaProducer(
@@ -170,13 +174,7 @@ def librdkafka(bootstrap: str, source: str, output: str, group: str, model: bool
     from confluent_kafka import Consumer, Producer
 
     settings = Settings()
-    embedder = None
-    if model:
-        from worker.embedding import EmbedderConfig, load_embedder
-
-        embedder, why = load_embedder(EmbedderConfig.from_settings(settings))
-        if embedder is None:
-            raise SystemExit(f"the model did not load: {why}")
+    embedder = floor_embedder(settings) if model else None
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
         "auto.offset.reset": "earliest", "isolation.level": "read_committed",
