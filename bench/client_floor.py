@@ -168,26 +168,58 @@ async def clients(bootstrap: str, source: str, output: str, group: str, model: b
         await producer.stop()
 
 
+def librdkafka_consumer(bootstrap: str, group: str, settings: Settings) -> Any:
+    """``floor_consumer`` on confluent-kafka (librdkafka)."""
+    from confluent_kafka import Consumer
+
+    return Consumer({
+        "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+        "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+        "fetch.wait.max.ms": settings.fetch_max_wait_ms,
+        "fetch.max.bytes": settings.fetch_max_bytes,
+    })  # fmt: skip
+
+
+def librdkafka_producer(bootstrap: str) -> Any:
+    """A producer on confluent-kafka configured as the worker's (acks=all, idempotent,
+    linger 0)."""
+    from confluent_kafka import Producer
+
+    return Producer({
+        "bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+        "linger.ms": 0,
+    })  # fmt: skip
+
+
+def librdkafka_consume(
+    consumer: Any, take: Callable[[list[Any]], None], tick: Callable[[], None] = lambda: None
+) -> None:
+    """``consume`` on confluent-kafka: each batch fetched (a record, then what else is already
+    there) to ``take``, ``tick`` after every wait, and the positions fetched committed every
+    second, until the process ends."""
+    last_commit = time.monotonic()
+    while True:
+        record = consumer.poll(0.1)
+        if record is not None:
+            batch = [record, *consumer.consume(num_messages=500, timeout=0)]
+            take([r for r in batch if r.error() is None])
+        tick()
+        if time.monotonic() - last_commit >= COMMIT_SECONDS:
+            if consumer.assignment():
+                consumer.commit(asynchronous=True)
+            last_commit = time.monotonic()
+
+
 def librdkafka(bootstrap: str, source: str, output: str, group: str, model: bool) -> None:
     """The ``librdkafka`` subjects: ``clients`` and ``clients+model`` on confluent-kafka's
     clients (librdkafka, C) instead of aiokafka, configured alike (read_committed, the worker's
     fetch wait, acks=all, idempotent, linger 0, offsets committed every second). A record's
     text is embedded on the model's thread, which then hands its copy to the producer
     (thread-safe); this thread waits for records and serves the producer's acks."""
-    from confluent_kafka import Consumer, Producer
-
     settings = Settings()
     embedder = floor_embedder(settings) if model else None
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-        "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-        "fetch.wait.max.ms": settings.fetch_max_wait_ms,
-        "fetch.max.bytes": settings.fetch_max_bytes,
-    })  # fmt: skip
-    producer = Producer({
-        "bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-        "linger.ms": 0,
-    })  # fmt: skip
+    consumer = librdkafka_consumer(bootstrap, group, settings)
+    producer = librdkafka_producer(bootstrap)
     consumer.subscribe([source])
     while not consumer.assignment():
         consumer.poll(0.1)
@@ -207,18 +239,11 @@ def librdkafka(bootstrap: str, source: str, output: str, group: str, model: bool
         text = parse_trace(record.value()).embedding_text()
         embedder.submit([text]).add_done_callback(lambda _: publish(record))
 
-    last_commit = time.monotonic()
-    while True:
-        record = consumer.poll(0.1)
-        if record is not None and record.error() is None:
+    def take_all(batch: list[Any]) -> None:
+        for record in batch:
             take(record)
-            for more in consumer.consume(num_messages=500, timeout=0):
-                if more.error() is None:
-                    take(more)
-        producer.poll(0)
-        if time.monotonic() - last_commit >= COMMIT_SECONDS:
-            consumer.commit(asynchronous=True)
-            last_commit = time.monotonic()
+
+    librdkafka_consume(consumer, take_all, tick=lambda: producer.poll(0))
 
 
 async def pipeline(bootstrap: str) -> None:
@@ -269,21 +294,15 @@ class LibrdkafkaPublisher:
     def __init__(self, bootstrap: str, settings: Settings, store: Any) -> None:
         import threading
 
-        from confluent_kafka import Producer
-
-        self._producer = Producer({
-            "bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-            "linger.ms": 0,
-        })  # fmt: skip
+        self._producer = librdkafka_producer(bootstrap)
         self._topics = output_topics(settings)
         self._store = store
-        self._stopped = threading.Event()
-        # acks come back on the thread that polls the producer, which wakes at each one
-        self._poller = threading.Thread(target=self._poll, daemon=True)
-        self._poller.start()
+        # acks come back on the thread that polls the producer, which wakes at each one; it
+        # runs as long as the subject's process
+        threading.Thread(target=self._poll, daemon=True).start()
 
     def _poll(self) -> None:
-        while not self._stopped.is_set():
+        while True:
             self._producer.poll(0.5)
 
     async def publish(self, routed: Any) -> None:
@@ -312,10 +331,6 @@ class LibrdkafkaPublisher:
                 produce(self._store.name, value, key, partition=partition)
         await asyncio.gather(*acks)
 
-    def stop(self) -> None:
-        self._producer.flush(10)
-        self._stopped.set()
-
 
 async def librdkafka_pipeline(bootstrap: str) -> None:
     """The ``librdkafka+pipeline`` subject: ``clients+pipeline`` with confluent-kafka's
@@ -323,8 +338,6 @@ async def librdkafka_pipeline(bootstrap: str) -> None:
     on a thread of its own and hands each batch to the event loop; offsets: the positions
     fetched, every second."""
     import threading
-
-    from confluent_kafka import Consumer
 
     settings = load_settings()
     _, store = await ensure_topics(settings, list(output_topics(settings).values()))
@@ -344,27 +357,12 @@ async def librdkafka_pipeline(bootstrap: str) -> None:
         loop.call_soon_threadsafe(stream.assigned, tps)
         assigned.set()
 
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": settings.group_id,
-        "enable.auto.commit": False, "auto.offset.reset": "earliest",
-        "isolation.level": "read_committed", "fetch.wait.max.ms": settings.fetch_max_wait_ms,
-        "fetch.max.bytes": settings.fetch_max_bytes,
-    })  # fmt: skip
+    consumer = librdkafka_consumer(bootstrap, settings.group_id, settings)
     consumer.subscribe([settings.input_topic], on_assign=on_assign)
-
     batches: asyncio.Queue[list[Any]] = asyncio.Queue()
 
-    def consume() -> None:
-        last_commit = time.monotonic()
-        while True:
-            record = consumer.poll(0.1)
-            if record is not None and record.error() is None:
-                batch = [record, *consumer.consume(num_messages=500, timeout=0)]
-                loop.call_soon_threadsafe(batches.put_nowait, batch)
-            if time.monotonic() - last_commit >= COMMIT_SECONDS:
-                if consumer.assignment():
-                    consumer.commit(asynchronous=True)
-                last_commit = time.monotonic()
+    def hand_over(batch: list[Any]) -> None:
+        loop.call_soon_threadsafe(batches.put_nowait, batch)
 
     async def feed() -> None:
         """Each record to the pipeline in the order fetched, as ``clients+pipeline`` does."""
@@ -372,8 +370,6 @@ async def librdkafka_pipeline(bootstrap: str) -> None:
             batch = await batches.get()
             now = time.monotonic()
             for record in batch:
-                if record.error() is not None:
-                    continue
                 source = SourceRecord(
                     topic=record.topic(), partition=record.partition(), offset=record.offset(),
                     timestamp_ms=record.timestamp()[1], key=record.key(), value=record.value(),
@@ -381,7 +377,7 @@ async def librdkafka_pipeline(bootstrap: str) -> None:
                 )  # fmt: skip
                 await stream.submit([source], [now], [None])
 
-    threading.Thread(target=consume, daemon=True).start()
+    threading.Thread(target=librdkafka_consume, args=(consumer, hand_over), daemon=True).start()
     await asyncio.to_thread(assigned.wait)
     print("ready", flush=True)
     await feed()  # until terminated
